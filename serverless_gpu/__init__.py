@@ -1,0 +1,76 @@
+"""serverless-gpu: run a notebook function on every GPU of the machine.
+
+>>> from serverless_gpu import distributed
+>>> @distributed(gpus=8)
+... def train(epochs: int) -> float: ...
+>>> losses = train.distributed(3)   # one entry per rank, in rank order
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .decorator import DistributedConfig, DistributedFunction, distributed
+from .errors import (
+    CancelledError,
+    ConfigurationError,
+    DistributedError,
+    DistributedTimeoutError,
+    GPUConfigError,
+    RankFailedError,
+    RemoteError,
+    SerializationError,
+)
+from .gpus import GPUType
+from .results import RunResult
+from .runtime import (
+    get_global_rank,
+    get_local_rank,
+    get_local_world_size,
+    get_node_rank,
+    get_world_size,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CancelledError",
+    "ConfigurationError",
+    "DistributedConfig",
+    "DistributedError",
+    "DistributedFunction",
+    "DistributedTimeoutError",
+    "GPUConfigError",
+    "GPUType",
+    "RankFailedError",
+    "RemoteError",
+    "RunResult",
+    "SerializationError",
+    "distributed",
+    "get_global_rank",
+    "get_local_rank",
+    "get_local_world_size",
+    "get_node_rank",
+    "get_world_size",
+    "shutdown",
+]
+
+
+def shutdown() -> None:
+    """Stop the launcher and every rank it started (also done automatically at exit)."""
+    from .backends.local import default_backend
+
+    default_backend().shutdown()
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext serverless_gpu``: an alias that hands over to ``jupyter_ext`` lazily."""
+    import jupyter_ext
+
+    jupyter_ext.load_ipython_extension(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    import jupyter_ext
+
+    jupyter_ext.unload_ipython_extension(ipython)

@@ -1,0 +1,196 @@
+"""The public API: ``@distributed(gpus=, gpu_type=, timeout=)`` and ``fn.distributed()``."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
+
+from .backends.base import Backend, RunRequest
+from .backends.local import default_backend
+from .console import OUTPUT_CHOICES, ConsolePrinter
+from .errors import ConfigurationError, UsageError
+from .gpus import GPUType, resolve_placement
+from .handle import RunHandle
+from .hooks import RunContext, run_hooks
+from .results import RunResult
+from .rundirs import new_run_dir
+from .serialization import dump_payload, max_payload_bytes
+
+P = ParamSpec("P")
+R = TypeVar("R")
+DEFAULT_TIMEOUT = 10800.0
+_INTERRUPT_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """How a decorated function is run. Every field is checked when the decorator is applied."""
+
+    gpus: int | None = None
+    """Ranks to start, one per GPU; ``None`` means every visible GPU (CPU mode: 2, or
+    ``$SERVERLESS_GPU_CPU_RANKS``)."""
+    gpu_type: str | GPUType | None = None
+    """Expected accelerator (``"H100"``, ``"a10g"`` ...); ``None`` auto-detects; ``"cpu"`` runs
+    CPU ranks over gloo. A mismatch with the machine fails before launch."""
+    timeout: float | None = DEFAULT_TIMEOUT
+    """Seconds before every rank is killed and ``DistributedTimeoutError`` is raised; ``None``
+    disables the limit."""
+    output: str = "default"
+    """Which rank output is printed live: ``"default"`` (rank 0 and every rank's stderr),
+    ``"all"``, ``"rank0"`` or ``"none"``. Every rank's full log is on disk regardless."""
+    tracking: bool = True
+    """Track the call as an MLflow run when mlflow is installed."""
+    run_name: str | None = None
+    """Name of the MLflow run; defaults to the function's name."""
+    max_payload_bytes: int | None = None
+    """Limit on the pickled function and arguments (default ~100 MB, or
+    ``$SERVERLESS_GPU_MAX_PAYLOAD_MB``)."""
+    grace: float = 1.0
+    """Seconds between SIGTERM and SIGKILL when ranks are stopped."""
+    standby: bool = True
+    """Prepare rank processes ahead of the call (launcher started at decoration time)."""
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None and (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, (int, float))
+            or not math.isfinite(self.timeout)
+            or self.timeout <= 0
+        ):
+            raise ConfigurationError(
+                f"timeout must be a positive number of seconds or None, not {self.timeout!r}"
+            )
+        if self.gpus is not None and (
+            isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1
+        ):
+            raise ConfigurationError(f"gpus must be a positive integer or None, not {self.gpus!r}")
+        if self.gpu_type is not None:
+            GPUType.parse(self.gpu_type)
+        if self.output not in OUTPUT_CHOICES:
+            raise ConfigurationError(f"output must be one of {OUTPUT_CHOICES}, not {self.output!r}")
+        if not (isinstance(self.grace, (int, float)) and self.grace >= 0):
+            raise ConfigurationError(f"grace must be a non-negative number, not {self.grace!r}")
+
+
+class DistributedFunction(Generic[P, R]):
+    """A function decorated with ``@distributed``: run it with ``.distributed(*args)``."""
+
+    def __init__(
+        self, func: Callable[P, R], config: DistributedConfig, backend: Backend | None = None
+    ) -> None:
+        self.func = func
+        self.config = config
+        self._backend = backend
+        functools.update_wrapper(self, func)
+        if config.standby:
+            threading.Thread(
+                target=self._prewarm, name="serverless-gpu-prewarm", daemon=True
+            ).start()
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend if self._backend is not None else default_backend()
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> NoReturn:
+        name = getattr(self.func, "__name__", "fn")
+        raise UsageError(
+            f"{name} is decorated with @distributed: call {name}.distributed(...) to run it on "
+            f"every rank, or {name}.func(...) to run it once in this process"
+        )
+
+    def distributed(self, *args: P.args, **kwargs: P.kwargs) -> RunResult[R]:
+        """Run the function once per rank with these arguments; one return value per rank."""
+        handle = self.start(*args, **kwargs)
+        try:
+            return handle.result()
+        except KeyboardInterrupt:
+            handle.cancel("interrupted (KeyboardInterrupt in the caller)")
+            handle.wait(_INTERRUPT_WAIT_S)
+            raise
+        finally:
+            if not handle.done():
+                handle.cancel("the caller stopped waiting")
+                handle.wait(_INTERRUPT_WAIT_S)
+
+    def start(self, *args: P.args, **kwargs: P.kwargs) -> RunHandle[R]:
+        """Start the ranks and return at once (provisional API; ``.distributed`` builds on it)."""
+        cfg = self.config
+        placement = resolve_placement(cfg.gpus, cfg.gpu_type)
+        payload = dump_payload(self.func, args, kwargs, max_payload_bytes(cfg.max_payload_bytes))
+        name = getattr(self.func, "__qualname__", "fn")
+        run_id, run_dir = new_run_dir(name)
+        ctx = RunContext(
+            run_id=run_id,
+            name=name,
+            placement=placement,
+            timeout=None if cfg.timeout is None else float(cfg.timeout),
+            run_dir=run_dir,
+            options=asdict(cfg),
+        )
+        subscribers = run_hooks(ctx)
+        if not ctx.display_claimed:
+            subscribers.insert(0, ConsolePrinter(cfg.output))
+        request = RunRequest(
+            context=ctx,
+            payload=payload,
+            env={**os.environ, **ctx.env},
+            cwd=os.getcwd(),
+            sys_path=tuple(sys.path),
+            grace=float(cfg.grace),
+        )
+        handle: RunHandle[R] = self.backend.submit(request)
+        for subscriber in subscribers:
+            handle.subscribe(subscriber)
+        return handle
+
+    def _prewarm(self) -> None:
+        try:
+            placement = resolve_placement(self.config.gpus, self.config.gpu_type)
+        except Exception:  # the call itself will report a bad configuration
+            return
+        self.backend.prewarm(placement)
+
+
+@overload
+def distributed(func: Callable[P, R], /) -> DistributedFunction[P, R]: ...
+
+
+@overload
+def distributed(
+    gpus: int | None = None,
+    gpu_type: str | GPUType | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    **options: Any,
+) -> Callable[[Callable[P, R]], DistributedFunction[P, R]]: ...
+
+
+def distributed(
+    gpus: Any = None,
+    gpu_type: str | GPUType | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    **options: Any,
+) -> Any:
+    """Decorate a function so that ``fn.distributed(*args, **kwargs)`` runs it on every GPU.
+
+    Options are the fields of :class:`DistributedConfig`. Used bare (``@distributed``) it takes
+    every default.
+    """
+    if callable(gpus):
+        return DistributedFunction(gpus, DistributedConfig())
+    unknown = set(options) - set(DistributedConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option(s) for @distributed: {', '.join(sorted(unknown))}"
+        )
+    config = DistributedConfig(gpus=gpus, gpu_type=gpu_type, timeout=timeout, **options)
+
+    def wrap(func: Callable[P, R]) -> DistributedFunction[P, R]:
+        return DistributedFunction(func, config)
+
+    return wrap

@@ -1,0 +1,53 @@
+"""The environment of each rank: the caller's environment plus the torch.distributed variables."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+DEVICE_ENV = "SERVERLESS_GPU_DEVICE"
+RUN_ID_ENV = "SERVERLESS_GPU_RUN_ID"
+RUN_DIR_ENV = "SERVERLESS_GPU_RUN_DIR"
+
+
+def free_port(exclude: set[int]) -> int:
+    """A TCP port on 127.0.0.1 that is free now and not handed to another live run."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in exclude:
+            return port
+    raise OSError("no free TCP port found on 127.0.0.1")
+
+
+def rank_env(
+    base: dict[str, str],
+    *,
+    rank: int,
+    world_size: int,
+    master_port: int,
+    device: str,
+    run_id: str,
+    run_dir: str,
+) -> dict[str, str]:
+    """The complete environment of one rank (single node: local rank == global rank)."""
+    env = dict(base)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        GROUP_RANK="0",
+        NODE_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(master_port),
+        PYTHONUNBUFFERED="1",
+        TORCH_NCCL_ASYNC_ERROR_HANDLING="1",
+    )
+    env[DEVICE_ENV] = device
+    env[RUN_ID_ENV] = run_id
+    env[RUN_DIR_ENV] = run_dir
+    # Without this, every rank starts one OpenMP thread per core and they oversubscribe the CPU.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
+    return env

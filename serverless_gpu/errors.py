@@ -1,0 +1,152 @@
+"""Every error the library raises itself derives from :class:`DistributedError`.
+
+A rank's own exception is re-raised with its original type (see :func:`attach_remote_context`);
+the classes here cover what the library detects: bad configuration, serialization, crashed
+ranks, timeouts and cancellation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class DistributedError(Exception):
+    """Base class of every error raised by serverless_gpu itself."""
+
+    run_dir: Path | None = None
+
+    def __init__(self, message: str, *, run_dir: Path | None = None) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
+
+
+class ConfigurationError(DistributedError, ValueError):
+    """A decorator or call argument is invalid; raised before anything is launched."""
+
+
+class GPUConfigError(ConfigurationError):
+    """The requested GPUs (count or type) do not match what this machine has."""
+
+
+class UsageError(DistributedError, TypeError):
+    """The API was used in a way it does not support (e.g. calling the decorated object)."""
+
+
+class SerializationError(DistributedError):
+    """The function, its arguments, a result or an exception could not be pickled."""
+
+
+class PayloadTooLargeError(SerializationError):
+    """The pickled function and arguments exceed the configured size limit."""
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What is known about one rank that failed (the torch elastic ``ProcessFailure`` idea)."""
+
+    rank: int
+    """Global rank of the process."""
+    time: float
+    """Wall-clock time at which the failure happened (or was observed)."""
+    exit_code: int | None
+    """Exit status of the process, ``None`` while unknown; negative when killed by a signal."""
+    signal_name: str | None
+    """Name of the signal that killed the process (``"SIGSEGV"``), if any."""
+    message: str
+    """One-line description of the failure."""
+    log_path: Path | None = None
+    """The rank's full log on disk."""
+    stderr_tail: str = ""
+    """The last lines the rank wrote to stderr."""
+
+
+class RankFailedError(DistributedError):
+    """A rank crashed, was killed by a signal, exited non-zero or exited without returning."""
+
+    def __init__(
+        self,
+        failure: RankFailure,
+        *,
+        run_dir: Path | None = None,
+        others: tuple[RankFailure, ...] = (),
+    ) -> None:
+        text = f"rank {failure.rank} {failure.message}"
+        if failure.log_path is not None:
+            text += f"\nfull log: {failure.log_path}"
+        if failure.stderr_tail:
+            text += f"\nlast lines of rank {failure.rank}'s stderr:\n{failure.stderr_tail}"
+        super().__init__(text, run_dir=run_dir)
+        self.failure = failure
+        self.rank = failure.rank
+        self.exit_code = failure.exit_code
+        self.signal_name = failure.signal_name
+        self.others = others
+
+
+class RemoteError(DistributedError):
+    """A rank raised an exception that could not be pickled; its type, message and traceback."""
+
+    def __init__(
+        self, rank: int, type_name: str, message: str, traceback_text: str, *, run_dir: Path | None
+    ) -> None:
+        super().__init__(f"rank {rank} raised {type_name}: {message}", run_dir=run_dir)
+        self.rank = rank
+        self.type_name = type_name
+        self.remote_message = message
+        self.remote_traceback = traceback_text
+
+
+class DistributedTimeoutError(DistributedError, TimeoutError):
+    """The call ran past its ``timeout``; every rank was killed."""
+
+    def __init__(
+        self, timeout: float, running_ranks: tuple[int, ...], *, run_dir: Path | None
+    ) -> None:
+        ranks = ", ".join(str(r) for r in running_ranks) or "none"
+        super().__init__(
+            f"distributed call exceeded its timeout of {timeout:g} s; ranks still running: {ranks}",
+            run_dir=run_dir,
+        )
+        self.timeout = timeout
+        self.running_ranks = running_ranks
+
+
+class CancelledError(DistributedError):
+    """The run was cancelled (Cancel button or :meth:`RunHandle.cancel`); every rank was killed."""
+
+
+class LauncherError(DistributedError):
+    """The launcher process could not be started or died unexpectedly."""
+
+
+class RemoteTraceback(Exception):
+    """Carries a rank's formatted traceback as the ``__cause__`` of the re-raised exception.
+
+    The same device ``concurrent.futures.process`` uses: the traceback text is printed by
+    Python's normal traceback machinery as "The above exception was the direct cause ...".
+    """
+
+    def __init__(self, rank: int, traceback_text: str) -> None:
+        super().__init__(traceback_text)
+        self.rank = rank
+        self.traceback_text = traceback_text
+
+    def __str__(self) -> str:
+        return f'\n"""\nTraceback from rank {self.rank}:\n{self.traceback_text}"""'
+
+
+def attach_remote_context(
+    exc: BaseException, rank: int, traceback_text: str, run_dir: Path | None
+) -> BaseException:
+    """Label a rank's original exception with its rank, remote traceback and run directory."""
+    exc.__cause__ = RemoteTraceback(rank, traceback_text)
+    note = f"raised on rank {rank}" + (f" (run directory: {run_dir})" if run_dir else "")
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    for name, value in (("rank", rank), ("run_dir", run_dir)):
+        try:
+            setattr(exc, f"serverless_gpu_{name}", value)
+        except (AttributeError, TypeError):  # exceptions with __slots__ refuse attributes
+            pass
+    return exc

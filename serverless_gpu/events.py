@@ -1,0 +1,114 @@
+"""The one stream of events a run produces.
+
+The console printer, the notebook widget and MLflow tracking are subscribers; none of them
+captures output or polls processes on its own. Events are small frozen dataclasses that cross
+process boundaries (launcher -> caller) by pickle.
+
+Subscribers are called in the thread that waits on the run (``RunHandle.wait``), in event order.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class RunStatus(str, enum.Enum):
+    """Lifecycle of a whole run."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (RunStatus.PENDING, RunStatus.RUNNING)
+
+
+class RankState(str, enum.Enum):
+    """Lifecycle of one rank, as the renderer shows it."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    KILLED = "killed"
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    """The run's ranks are being started."""
+
+    run_id: str
+    name: str
+    """Qualified name of the user's function."""
+    world_size: int
+    device: str
+    """``"cuda"`` or ``"cpu"``."""
+    gpu_type: str
+    gpu_names: tuple[str, ...]
+    run_dir: Path
+    timeout: float | None
+    time: float
+
+
+@dataclass(frozen=True)
+class RankStarted:
+    """A rank process received its payload and is about to run user code."""
+
+    run_id: str
+    rank: int
+    pid: int
+    time: float
+
+
+@dataclass(frozen=True)
+class OutputLines:
+    """Lines a rank wrote to stdout or stderr, captured at the file-descriptor level.
+
+    Each line keeps its terminator: ``"\\n"`` for a finished line, ``"\\r"`` for a progress line
+    that the next line overwrites (tqdm); a final unterminated fragment has none.
+    """
+
+    run_id: str
+    rank: int
+    stream: str
+    """``"stdout"`` or ``"stderr"``."""
+    lines: tuple[str, ...]
+    time: float
+
+
+@dataclass(frozen=True)
+class RankFinished:
+    """A rank process ended."""
+
+    run_id: str
+    rank: int
+    state: RankState
+    exit_code: int | None
+    signal_name: str | None
+    time: float
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    """Every rank process of the run is gone; results (or the root-cause failure) are final."""
+
+    run_id: str
+    status: RunStatus
+    root_cause_rank: int | None
+    """The rank whose failure came first in time, if the run failed."""
+    message: str
+    """Root-cause summary for a failed run, empty on success."""
+    unfinished_ranks: tuple[int, ...]
+    """Ranks that had not returned when the run was stopped (timeout, cancel, failure)."""
+    time: float
+
+
+Event = RunStarted | RankStarted | OutputLines | RankFinished | RunFinished
+Subscriber = Callable[[Event], None]

@@ -1,0 +1,162 @@
+"""GPU detection without CUDA: count and names come from NVML, honouring CUDA_VISIBLE_DEVICES.
+
+The caller (a notebook kernel) must never create a CUDA context: it pins memory on GPU 0 and
+makes forking illegal. NVML reads the same facts from the driver without one.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from dataclasses import dataclass
+
+from .errors import GPUConfigError
+
+CPU_MODE_ENV = "SERVERLESS_GPU_TYPE"
+CPU_RANKS_ENV = "SERVERLESS_GPU_CPU_RANKS"
+DEFAULT_CPU_RANKS = 2
+
+
+class GPUType(str, enum.Enum):
+    """Accelerator families ``gpu_type`` accepts; parsed case-insensitively with aliases."""
+
+    H100 = "H100"
+    H200 = "H200"
+    A100 = "A100"
+    A10 = "A10"
+    L4 = "L4"
+    L40S = "L40S"
+    B200 = "B200"
+    B300 = "B300"
+    CPU = "CPU"
+    OTHER = "OTHER"
+    """A GPU whose name matches none of the families above; accepted only when auto-detected."""
+
+    @classmethod
+    def parse(cls, value: str | GPUType) -> GPUType:
+        """``"h100"``, ``"A10G"``, ``GPUType.H100`` -> a member; anything else -> GPUConfigError."""
+        if isinstance(value, GPUType):
+            return value
+        key = re.sub(r"[\s_-]", "", str(value)).upper()
+        if key in _ALIASES:
+            return _ALIASES[key]
+        if key in cls.__members__:
+            return cls[key]
+        known = ", ".join(m.value for m in cls)
+        raise GPUConfigError(f"unknown gpu_type {value!r}; expected one of {known}")
+
+    @classmethod
+    def from_device_name(cls, name: str) -> GPUType | None:
+        """Map a driver device name (``"NVIDIA H100 80GB HBM3"``) to a member, if known."""
+        upper = name.upper()
+        # Longest names first so that "A100" is not read as "A10" nor "L40S" as "L4".
+        for token in sorted(_DEVICE_TOKENS, key=len, reverse=True):
+            if re.search(rf"\b{token}", upper):
+                return _DEVICE_TOKENS[token]
+        return None
+
+
+_ALIASES = {"A10G": GPUType.A10, "GH200": GPUType.H200, "NONE": GPUType.CPU}
+_DEVICE_TOKENS = {
+    "H100": GPUType.H100,
+    "H200": GPUType.H200,
+    "GH200": GPUType.H200,
+    "H800": GPUType.H100,
+    "A100": GPUType.A100,
+    "A800": GPUType.A100,
+    "A10G": GPUType.A10,
+    "A10": GPUType.A10,
+    "L4": GPUType.L4,
+    "L40S": GPUType.L40S,
+    "B200": GPUType.B200,
+    "B300": GPUType.B300,
+}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a run's ranks go: how many, on which kind of device."""
+
+    world_size: int
+    device: str
+    """``"cuda"`` or ``"cpu"``."""
+    gpu_type: GPUType
+    gpu_names: tuple[str, ...]
+
+
+def visible_gpu_names() -> list[str]:
+    """Names of the GPUs this process may use, in CUDA ordinal order, read through NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []  # no driver: a CPU-only machine
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        names = [_decode(pynvml.nvmlDeviceGetName(h)) for h in handles]
+        uuids = [_decode(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+    finally:
+        pynvml.nvmlShutdown()
+    return [names[i] for i in _visible_indices(uuids)]
+
+
+def _decode(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _visible_indices(uuids: list[str]) -> list[int]:
+    """Apply CUDA_VISIBLE_DEVICES (indices or UUID prefixes) the way the CUDA runtime does."""
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return list(range(len(uuids)))
+    chosen: list[int] = []
+    for item in (s.strip() for s in spec.split(",")):
+        if item.isdigit() and int(item) < len(uuids):
+            index = int(item)
+        else:
+            matches = [i for i, u in enumerate(uuids) if item and u.startswith(item)]
+            if len(matches) != 1:
+                break  # CUDA stops at the first invalid entry
+            index = matches[0]
+        if index in chosen:
+            break
+        chosen.append(index)
+    return chosen
+
+
+def cpu_mode_requested(gpu_type: str | GPUType | None) -> bool:
+    """CPU mode is asked for by ``gpu_type="cpu"`` or by ``SERVERLESS_GPU_TYPE=cpu``."""
+    if gpu_type is not None and GPUType.parse(gpu_type) is GPUType.CPU:
+        return True
+    return os.environ.get(CPU_MODE_ENV, "").strip().lower() == "cpu"
+
+
+def resolve_placement(gpus: int | None, gpu_type: str | GPUType | None) -> Placement:
+    """Check the request against the machine and decide the ranks; raises before any launch."""
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+        raise GPUConfigError(f"gpus must be a positive integer or None, not {gpus!r}")
+    if cpu_mode_requested(gpu_type):
+        count = gpus if gpus is not None else int(os.environ.get(CPU_RANKS_ENV, DEFAULT_CPU_RANKS))
+        return Placement(count, "cpu", GPUType.CPU, ())
+    names = visible_gpu_names()
+    if not names:
+        raise GPUConfigError(
+            "no GPU is visible to this process (NVML found none). To run on CPU ranks instead, "
+            f"pass gpu_type='cpu' or set the environment variable {CPU_MODE_ENV}=cpu."
+        )
+    detected = GPUType.from_device_name(names[0])
+    available = f"{len(names)} x {names[0]}"
+    if gpu_type is not None:
+        wanted = GPUType.parse(gpu_type)
+        if wanted is not detected:
+            raise GPUConfigError(
+                f"gpu_type={wanted.value!r} was requested but this machine has {available}"
+            )
+    if gpus is not None and gpus > len(names):
+        raise GPUConfigError(f"gpus={gpus} was requested but only {available} are visible")
+    count = gpus if gpus is not None else len(names)
+    return Placement(count, "cuda", detected or GPUType.OTHER, tuple(names[:count]))

@@ -1,0 +1,167 @@
+"""The caller's non-blocking handle on one run: wait, cancel, status, results, subscribers.
+
+Events arrive from the backend's reader thread into a queue; they are dispatched to subscribers
+in whichever thread waits on the handle, so renderers update from the caller's own thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from .events import (
+    Event,
+    OutputLines,
+    RankFinished,
+    RunFinished,
+    RunStarted,
+    RunStatus,
+    Subscriber,
+)
+from .hooks import RunContext
+from .results import RunResult, failure_exception, load_results
+
+R = TypeVar("R")
+_STDERR_TAIL_LINES = 20
+_SLICE_S = 0.05
+
+
+class RunHandle(Generic[R]):
+    """A started run. ``wait`` pumps its events; ``result`` returns values or raises."""
+
+    def __init__(self, ctx: RunContext, cancel: Callable[[str], None]) -> None:
+        self.context = ctx
+        self.run_id = ctx.run_id
+        self.run_dir = ctx.run_dir
+        self.status = RunStatus.PENDING
+        self.ranks: dict[int, RankFinished] = {}
+        self.finished: RunFinished | None = None
+        self._cancel = cancel
+        self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._subscribers: list[Subscriber] = []
+        self._stderr: dict[int, deque[str]] = {}
+        self._outcome: tuple[RunResult[R] | None, BaseException | None] | None = None
+        self.idle_callbacks: list[Callable[[], None]] = []
+        """Called between event slices while waiting (the Jupyter extension processes widget
+        messages here so that Cancel works during a blocking call)."""
+        p = ctx.placement
+        self.push(
+            RunStarted(
+                ctx.run_id,
+                ctx.name,
+                p.world_size,
+                p.device,
+                p.gpu_type.value,
+                p.gpu_names,
+                ctx.run_dir,
+                ctx.timeout,
+                time.time(),
+            )
+        )
+
+    # -- feeding (backend thread) ----------------------------------------------------------
+
+    def push(self, event: Event) -> None:
+        self._queue.put(event)
+
+    # -- consuming (caller thread) ---------------------------------------------------------
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.append(subscriber)
+
+    def poll(self) -> bool:
+        """Dispatch every queued event; True once the run has finished."""
+        while self.finished is None:
+            try:
+                event = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            self._dispatch(event)
+        return self.finished is not None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the run finishes (True) or ``timeout`` seconds pass (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.poll():
+            remaining = _SLICE_S if deadline is None else min(_SLICE_S, deadline - time.monotonic())
+            if remaining <= 0:
+                return False
+            try:
+                self._dispatch(self._queue.get(timeout=remaining))
+            except queue.Empty:
+                pass
+            for callback in self.idle_callbacks:
+                callback()
+        return True
+
+    def done(self) -> bool:
+        return self.poll()
+
+    def cancel(self, reason: str = "cancelled by the user") -> None:
+        """Ask the backend to stop every rank (TERM, grace, KILL); returns at once."""
+        if not self.poll():
+            self._cancel(reason)
+
+    def result(self, timeout: float | None = None) -> RunResult[R]:
+        """The ranks' return values in rank order, or the root-cause exception raised."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"run {self.run_id} still running after {timeout} s")
+        if self._outcome is None:
+            self._outcome = self._build_outcome()
+        values, error = self._outcome
+        if error is not None:
+            raise error
+        assert values is not None
+        return values
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _dispatch(self, event: Event) -> None:
+        if isinstance(event, OutputLines) and event.stream == "stderr":
+            tail = self._stderr.setdefault(event.rank, deque(maxlen=_STDERR_TAIL_LINES))
+            tail.extend(line for line in event.lines if line.endswith("\n"))
+        elif isinstance(event, RankFinished):
+            self.ranks[event.rank] = event
+        elif isinstance(event, RunFinished):
+            self.finished = event
+            self.status = event.status
+        elif self.status is RunStatus.PENDING:
+            self.status = RunStatus.RUNNING
+        for subscriber in self._subscribers:
+            subscriber(event)
+
+    def _build_outcome(self) -> tuple[RunResult[R] | None, BaseException | None]:
+        finished = self.finished
+        assert finished is not None
+        ctx = self.context
+        try:
+            if finished.status is not RunStatus.SUCCEEDED:
+                tails = {r: "".join(lines) for r, lines in self._stderr.items()}
+                return None, failure_exception(
+                    finished, self.ranks, tails, ctx.run_dir, ctx.timeout
+                )
+            values: list[Any] = load_results(ctx.run_dir, ctx.placement.world_size)
+            result: RunResult[R] = RunResult(
+                values,
+                run_id=ctx.run_id,
+                run_dir=ctx.run_dir,
+                links=ctx.links,
+                metadata=ctx.metadata,
+            )
+            return result, None
+        except Exception as exc:  # a broken result file must still end the call with an error
+            return None, exc
+        finally:
+            _drop_bulk_files(ctx)
+
+
+def _drop_bulk_files(ctx: RunContext) -> None:
+    """Payload and result files can be GBs; logs and error records stay for the user."""
+    for path in ctx.run_dir.glob("result_*.pkl*"):
+        path.unlink(missing_ok=True)
+    (ctx.run_dir / "payload.pkl").unlink(missing_ok=True)
+    shutil.rmtree(ctx.run_dir / "tmp", ignore_errors=True)

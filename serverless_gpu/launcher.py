@@ -1,0 +1,169 @@
+"""The launcher process: one per caller, started fresh, torch preloaded, never touches CUDA.
+
+It forks one process per rank per call (legal and cheap: no CUDA context, no threads here),
+supervises them (exit codes, timeouts, cancel, TERM -> KILL), tees their output to log files and
+the event stream, and dies with its caller: EOF on the caller's socket ends it, and so does the
+parent-death signal.
+
+Run as ``python -m serverless_gpu.launcher FD`` where FD is its end of a socketpair.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .env import free_port
+from .lifetime import die_with_parent, terminate_groups
+from .protocol import CancelRun, Prewarm, Shutdown, StartRun
+from .rank_process import RankProcess, fork_rank
+from .supervision import RunSupervisor
+
+_TICK_S = 0.05
+
+
+class Launcher:
+    """The select loop: caller messages, rank messages, rank output, rank exits, timers."""
+
+    def __init__(self, caller: Connection) -> None:
+        self.caller = caller
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(caller.fileno(), selectors.EVENT_READ, self._on_caller)
+        self.runs: dict[str, RunSupervisor] = {}
+        self.standby: dict[tuple[str, int], list[RankProcess]] = {}
+        self.running = True
+
+    # -- loop --------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        while self.running:
+            for key, _ in self.selector.select(timeout=_TICK_S):
+                key.data(key.fileobj)
+            now = time.monotonic()
+            for run in list(self.runs.values()):
+                run.tick(now)
+                if run.finished:
+                    self._close_run(run)
+
+    def emit(self, event: Any) -> None:
+        try:
+            self.caller.send(event)
+        except OSError:
+            self.running = False  # caller gone: shut down after this iteration
+
+    # -- caller ------------------------------------------------------------------------------
+
+    def _on_caller(self, _fd: Any) -> None:
+        try:
+            message = self.caller.recv()
+        except (EOFError, OSError):
+            self.running = False  # the caller died or closed its end: stop everything
+            return
+        if isinstance(message, StartRun):
+            self._start(message)
+        elif isinstance(message, CancelRun):
+            run = self.runs.get(message.run_id)
+            if run is not None:
+                run.cancel(message.reason)
+        elif isinstance(message, Prewarm):
+            self._prewarm(message.device, message.world_size)
+        elif isinstance(message, Shutdown):
+            self.running = False
+
+    def _start(self, spec: StartRun) -> None:
+        taken = {r.master_port for r in self.runs.values()}
+        ranks = self._take_standby(spec.device, spec.world_size, spec.env)
+        if ranks is None:
+            ranks = [fork_rank(None) for _ in range(spec.world_size)]
+        run = RunSupervisor(spec, ranks, free_port(taken), self.emit, self.selector)
+        self.runs[spec.run_id] = run
+        run.start()
+
+    # -- standby ranks -------------------------------------------------------------------------
+
+    def _prewarm(self, device: str, world_size: int) -> None:
+        key = (device, world_size)
+        if self.standby.get(key):
+            return
+        warm = [fork_rank(i if device == "cuda" else None) for i in range(world_size)]
+        self.standby[key] = warm
+
+    def _take_standby(
+        self, device: str, world_size: int, env: dict[str, str]
+    ) -> list[RankProcess] | None:
+        ranks = self.standby.pop((device, world_size), None)
+        if ranks is None:
+            return None
+        if device == "cuda" and env.get("CUDA_VISIBLE_DEVICES") != os.environ.get(
+            "CUDA_VISIBLE_DEVICES"
+        ):
+            # Their CUDA contexts were made for other devices: useless for this call.
+            terminate_groups([r.pid for r in ranks], grace=0.5)
+            for r in ranks:
+                r.reap_blocking()
+            return None
+        if any(not r.alive() for r in ranks):
+            terminate_groups([r.pid for r in ranks], grace=0.5)
+            for r in ranks:
+                r.reap_blocking()
+            return None
+        # Replace them in the background of the next loop iterations.
+        self._prewarm(device, world_size)
+        return ranks
+
+    def _close_run(self, run: RunSupervisor) -> None:
+        run.close()
+        del self.runs[run.spec.run_id]
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def all_pids(self) -> list[int]:
+        pids = [r.pid for run in self.runs.values() for r in run.ranks]
+        pids += [r.pid for group in self.standby.values() for r in group]
+        return pids
+
+    def shutdown(self) -> None:
+        for run in self.runs.values():
+            run.cancel("the launcher is shutting down")
+        pids = self.all_pids()
+        terminate_groups(pids, grace=1.0)
+        for run in list(self.runs.values()):
+            for r in run.ranks:
+                r.reap_blocking()
+            run.finish_now()
+            self._close_run(run)
+        for group in self.standby.values():
+            for r in group:
+                r.reap_blocking()
+        self.standby.clear()
+
+
+def main(argv: list[str]) -> int:
+    fd = int(argv[1])
+    if "--pdeathsig" in argv:
+        die_with_parent(signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides what an interrupt means
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # run `finally` below
+    caller = Connection(socket.socket(fileno=fd).detach())
+    # Preload what every rank needs, so that a forked rank starts with it already imported.
+    import cloudpickle  # noqa: F401
+    import torch  # noqa: F401
+
+    from . import runtime, worker  # noqa: F401
+
+    launcher = Launcher(caller)
+    try:
+        launcher.serve()
+    finally:
+        launcher.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,61 @@
+"""Turning a rank's raw output bytes into display lines for the event stream.
+
+A piece that ends in ``"\\n"`` is a finished line. A piece that ends in ``"\\r"`` (a tqdm bar) or
+in nothing (text still being written, flushed because the rank went quiet) is *provisional*:
+the next piece of the same stream replaces it. Renderers need no terminal emulation beyond that
+rule, and a progress bar never turns into thousands of lines.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+
+_PIECE = re.compile(r"[^\r\n]*(?:\r\n|\n|\r(?!$))")
+MAX_PENDING = 1 << 16
+IDLE_FLUSH_S = 0.1
+
+
+class LineSplitter:
+    """Incrementally splits one stream; holds back an unfinished last line."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+        self._shown = ""
+        self.last_data = 0.0
+
+    def feed(self, data: bytes, now: float) -> list[str]:
+        """Pieces completed by ``data`` (terminators kept, ``\\r\\n`` read as ``\\n``)."""
+        self.last_data = now
+        text = self._pending + self._decoder.decode(data)
+        pieces: list[str] = []
+        end = 0
+        for match in _PIECE.finditer(text):
+            piece = match.group(0)
+            pieces.append(piece[:-2] + "\n" if piece.endswith("\r\n") else piece)
+            end = match.end()
+        self._pending = text[end:]
+        if len(self._pending) > MAX_PENDING:  # a giant line without newline: show it in parts
+            pieces.append(self._pending + "\n")
+            self._pending = ""
+        if pieces:
+            self._shown = ""
+        return pieces
+
+    def flush_idle(self, now: float) -> str | None:
+        """The unfinished line, once the stream has been quiet for a moment and not shown yet."""
+        if self._pending and self._pending != self._shown and now - self.last_data >= IDLE_FLUSH_S:
+            self._shown = self._pending
+            return self._pending
+        return None
+
+    def close(self) -> list[str]:
+        """Whatever is left when the stream ends."""
+        rest = self._pending + self._decoder.decode(b"", final=True)
+        self._pending = ""
+        return [rest] if rest else []
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending) and self._pending != self._shown

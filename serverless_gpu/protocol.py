@@ -1,0 +1,113 @@
+"""Messages between the caller, the launcher and the ranks: small typed dataclasses.
+
+Every channel is a ``socket.socketpair`` (a unix socket with exactly two ends, created by the
+parent and inherited by the child), so no other process can connect to it. Messages are framed
+and pickled by ``multiprocessing.connection.Connection``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# --- caller -> launcher ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartRun:
+    """Start one call's ranks."""
+
+    run_id: str
+    name: str
+    run_dir: Path
+    payload_path: Path
+    world_size: int
+    device: str
+    """``"cuda"`` or ``"cpu"``."""
+    gpu_type: str
+    gpu_names: tuple[str, ...]
+    env: dict[str, str]
+    """The caller's ``os.environ`` at call time plus per-call additions (not per-rank ones)."""
+    cwd: str
+    sys_path: tuple[str, ...]
+    timeout: float | None
+    grace: float
+    """Seconds between SIGTERM and SIGKILL when ranks are stopped."""
+
+
+@dataclass(frozen=True)
+class CancelRun:
+    run_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Prewarm:
+    """Prepare standby ranks for calls of this shape (issued when a function is decorated)."""
+
+    device: str
+    world_size: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+# --- launcher -> rank --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything a forked rank needs to run one call."""
+
+    run_id: str
+    rank: int
+    world_size: int
+    env: dict[str, str]
+    """The complete environment of the rank."""
+    cwd: str
+    sys_path: tuple[str, ...]
+    payload_path: Path
+    result_path: Path
+    error_path: Path
+
+
+@dataclass(frozen=True)
+class Release:
+    """Every rank has returned: exit now (ranks wait, so rank 0's TCPStore outlives its peers)."""
+
+
+# --- rank -> launcher --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UserCodeStarted:
+    time: float
+
+
+@dataclass(frozen=True)
+class RankDone:
+    """The rank's result (``ok``) or error record has been written to the run directory."""
+
+    ok: bool
+    time: float
+
+
+# --- files in the run directory ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """A rank's exception, written to ``error_N.pkl``; survives exceptions that cannot pickle."""
+
+    rank: int
+    time: float
+    type_name: str
+    message: str
+    traceback_text: str
+    exception: bytes | None = None
+    """The pickled exception when it pickles, else ``None``."""
+    library_error: bool = False
+    """True when the library itself failed in the rank (e.g. the result could not be pickled)."""
+    extra: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,117 @@
+"""One forked rank as the launcher sees it: pid, pidfd, control connection and output pipes."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from multiprocessing.connection import Connection
+
+from .output import LineSplitter
+
+_F_SETPIPE_SZ = 1031
+_PIPE_BYTES = 1 << 20  # a large pipe lets a rank burst output while the launcher is busy
+
+
+class RankProcess:
+    """The launcher's handle on one rank process."""
+
+    def __init__(self, pid: int, conn: Connection, stdout_r: int, stderr_r: int) -> None:
+        self.pid = pid
+        self.conn = conn
+        self.pidfd = os.pidfd_open(pid)
+        self.pipes = {"stdout": stdout_r, "stderr": stderr_r}
+        self.splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
+        self.exit_status: int | None = None
+
+    def alive(self) -> bool:
+        return self.exit_status is None and self.poll() is None
+
+    def poll(self) -> int | None:
+        """Reap the process if it has exited; returns its Popen-style return code."""
+        if self.exit_status is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return self.exit_status
+            if pid != 0:
+                self.exit_status = os.waitstatus_to_exitcode(status)
+        return self.exit_status
+
+    def reap_blocking(self) -> int | None:
+        if self.exit_status is None:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+                self.exit_status = os.waitstatus_to_exitcode(status)
+            except ChildProcessError:
+                pass
+        self.close()
+        return self.exit_status
+
+    def read(self, stream: str) -> tuple[bytes, bool]:
+        """Everything the pipe holds right now, and whether it reached end of file."""
+        fd = self.pipes.get(stream)
+        if fd is None:
+            return b"", True
+        chunks = []
+        eof = False
+        while True:
+            try:
+                data = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                break
+            if not data:
+                eof = True
+                break
+            chunks.append(data)
+        return b"".join(chunks), eof
+
+    def close_pipe(self, stream: str) -> None:
+        fd = self.pipes.pop(stream, None)
+        if fd is not None:
+            os.close(fd)
+
+    def open_fds(self) -> list[int]:
+        fds = [self.pidfd, *self.pipes.values()]
+        if not self.conn.closed:
+            fds.append(self.conn.fileno())
+        return [fd for fd in fds if fd >= 0]
+
+    def close(self) -> None:
+        for fd in (self.pidfd, *self.pipes.values()):
+            if fd >= 0:
+                os.close(fd)
+        self.pipes = {}
+        self.pidfd = -1
+        self.conn.close()
+
+
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_BYTES)
+    except OSError:
+        pass  # capped by /proc/sys/fs/pipe-max-size; the default size still works
+    os.set_blocking(r, False)
+    return r, w
+
+
+def fork_rank(warm_cuda: int | None) -> RankProcess:
+    """Fork a rank that waits for its spec; with ``warm_cuda`` it first creates a CUDA context."""
+    parent_sock, child_sock = socket.socketpair()
+    out_r, out_w = _pipe()
+    err_r, err_w = _pipe()
+    pid = os.fork()
+    if pid == 0:  # the child never returns from rank_main
+        from .worker import rank_main
+
+        parent_sock.close()
+        rank_main(Connection(child_sock.detach()), out_w, err_w, warm_cuda)
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass  # the child already did it (or already exited)
+    child_sock.close()
+    os.close(out_w)
+    os.close(err_w)
+    return RankProcess(pid, Connection(parent_sock.detach()), out_r, err_r)

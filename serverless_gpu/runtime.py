@@ -1,0 +1,71 @@
+"""Helpers for code running inside a rank; one function runs unchanged on GPUs and CPU ranks."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from .env import DEVICE_ENV
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _int_env(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def get_global_rank() -> int:
+    """This process's global rank (``RANK``); 0 outside a distributed call."""
+    return _int_env("RANK", 0)
+
+
+def get_local_rank() -> int:
+    """This process's rank on its node (``LOCAL_RANK``)."""
+    return _int_env("LOCAL_RANK", 0)
+
+
+def get_world_size() -> int:
+    """Number of ranks in the call (``WORLD_SIZE``)."""
+    return _int_env("WORLD_SIZE", 1)
+
+
+def get_local_world_size() -> int:
+    """Number of ranks on this node (``LOCAL_WORLD_SIZE``)."""
+    return _int_env("LOCAL_WORLD_SIZE", 1)
+
+
+def get_node_rank() -> int:
+    """Index of this node (``NODE_RANK``); always 0 on the local backend."""
+    return _int_env("NODE_RANK", 0)
+
+
+def is_cpu_mode() -> bool:
+    return os.environ.get(DEVICE_ENV, "cuda") == "cpu"
+
+
+def device() -> torch.device:
+    """``cuda:LOCAL_RANK`` on GPUs, ``cpu`` in CPU mode."""
+    import torch
+
+    if is_cpu_mode():
+        return torch.device("cpu")
+    return torch.device("cuda", get_local_rank())
+
+
+def init_process_group(timeout: timedelta | None = None, **kwargs: Any) -> None:
+    """``torch.distributed.init_process_group`` with nccl on GPUs and gloo in CPU mode.
+
+    On GPUs it also binds the process to ``cuda:LOCAL_RANK``. Extra keyword arguments go to torch.
+    """
+    import torch
+    import torch.distributed as dist
+
+    backend = "gloo" if is_cpu_mode() else "nccl"
+    if backend == "nccl":
+        torch.cuda.set_device(get_local_rank())
+        kwargs.setdefault("device_id", device())
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    dist.init_process_group(backend=backend, **kwargs)

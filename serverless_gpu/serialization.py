@@ -1,0 +1,150 @@
+"""Shipping functions, arguments and results between processes with cloudpickle.
+
+Functions and classes defined in ``__main__`` (a notebook, a script) travel by value; anything
+importable travels by reference, which is cloudpickle's own rule. The payload is pickled once in
+the caller and written to one file that every rank reads.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pickle
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from .errors import PayloadTooLargeError, SerializationError
+
+DEFAULT_MAX_PAYLOAD_BYTES = 100 * 1024 * 1024
+MAX_PAYLOAD_ENV = "SERVERLESS_GPU_MAX_PAYLOAD_MB"
+_SEARCH_DEPTH = 4
+
+
+def max_payload_bytes(configured: int | None) -> int:
+    """The limit in force: the decorator's argument, else the environment, else ~100 MB."""
+    if configured is not None:
+        return configured
+    env = os.environ.get(MAX_PAYLOAD_ENV)
+    return int(float(env) * 1024 * 1024) if env else DEFAULT_MAX_PAYLOAD_BYTES
+
+
+def dump_payload(
+    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], limit: int
+) -> bytes:
+    """Pickle ``(func, args, kwargs)`` once; name the culprit when it cannot be pickled."""
+    try:
+        data = cloudpickle.dumps((func, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # pickling raises many unrelated types (TypeError, PicklingError, ...)
+        where = describe_unpicklable(func, args, kwargs)
+        raise SerializationError(
+            f"cannot serialize the call to {_qualname(func)}: {where}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if len(data) > limit:
+        raise PayloadTooLargeError(
+            f"the function and its arguments pickle to {len(data) / 2**20:.1f} MiB, over the "
+            f"{limit / 2**20:.0f} MiB limit. Load large data inside the function (from a file, a "
+            "volume or a URL) instead of capturing it or passing it as an argument; or raise the "
+            f"limit with max_payload_bytes= or {MAX_PAYLOAD_ENV}."
+        )
+    return data
+
+
+def describe_unpicklable(
+    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> str:
+    """Say which captured object or argument cannot be pickled, as a readable path."""
+    roots: list[tuple[str, Any]] = [(f"argument {i}", a) for i, a in enumerate(args)]
+    roots += [(f"argument {k}=", v) for k, v in kwargs.items()]
+    roots += [(label, value) for label, value in _captured(func)]
+    for label, value in roots:
+        path = _find_unpicklable(value, label, _SEARCH_DEPTH)
+        if path is not None:
+            return path
+    return f"{_qualname(func)} itself"
+
+
+def _captured(func: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
+    name = _qualname(func)
+    target = inspect.unwrap(func)
+    try:
+        cv = inspect.getclosurevars(target)
+    except TypeError:  # builtins and callable objects have no code to inspect
+        yield f"{name}", func
+        return
+    for var, value in cv.nonlocals.items():
+        yield f"variable {var!r} captured by {name} (closure)", value
+    for var, value in cv.globals.items():
+        yield f"global {var!r} used by {name}", value
+    for i, default in enumerate(getattr(target, "__defaults__", None) or ()):
+        yield f"default value #{i} of {name}", default
+
+
+def _find_unpicklable(obj: Any, path: str, depth: int) -> str | None:
+    """Depth-first search for the innermost object that fails to pickle."""
+    if _picklable(obj):
+        return None
+    if depth > 0:
+        for label, child in _children(obj):
+            found = _find_unpicklable(child, f"{path} -> {label}", depth - 1)
+            if found is not None:
+                return found
+    return f"{path} (a {type(obj).__module__}.{type(obj).__qualname__})"
+
+
+def _picklable(obj: Any) -> bool:
+    try:
+        cloudpickle.dumps(obj)
+    except Exception:  # any failure means "not picklable"; the caller reports the path
+        return False
+    return True
+
+
+def _children(obj: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        yield from ((f"[{k!r}]", v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        yield from ((f"[{i}]", v) for i, v in enumerate(obj))
+    elif inspect.isfunction(obj):
+        yield from ((label.replace(" used by", " in"), v) for label, v in _captured(obj))
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        yield from ((f".{k}", v) for k, v in vars(obj).items())
+
+
+def _qualname(func: Callable[..., Any]) -> str:
+    return getattr(func, "__qualname__", type(func).__qualname__)
+
+
+class _ResultPickler(cloudpickle.Pickler):
+    """Moves CUDA tensors to CPU so a result can be loaded in a process without CUDA."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = _torch()
+        if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+            return _identity, (obj.detach().cpu(),)
+        return super().reducer_override(obj)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _torch() -> Any:
+    import sys
+
+    return sys.modules.get("torch")
+
+
+def dump_to_file(obj: Any, path: Path) -> None:
+    """Pickle ``obj`` straight into ``path`` (atomically), never through a pipe."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        _ResultPickler(f, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    os.replace(tmp, path)
+
+
+def load_from_file(path: Path) -> Any:
+    with open(path, "rb") as f:
+        return pickle.load(f)

@@ -1,0 +1,254 @@
+"""Supervising one call's ranks inside the launcher: the per-run state machine.
+
+Root cause = the first failure in time. Any failure, a timeout or a cancel stops every other
+rank at once (TERM, then KILL after the grace period), also ranks blocked in a collective.
+"""
+
+from __future__ import annotations
+
+import selectors
+import signal
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+from .env import rank_env
+from .events import OutputLines, RankFinished, RankStarted, RankState, RunFinished, RunStatus
+from .lifetime import kill_group, signal_name
+from .protocol import RankDone, RankSpec, Release, StartRun, UserCodeStarted
+from .rank_process import RankProcess
+
+_RELEASE_GRACE_S = 5.0
+
+
+class RunSupervisor:
+    """Owns the ranks of one call from spec to the last exit."""
+
+    def __init__(
+        self,
+        spec: StartRun,
+        ranks: list[RankProcess],
+        master_port: int,
+        emit: Callable[[Any], None],
+        selector: selectors.BaseSelector,
+    ) -> None:
+        self.spec = spec
+        self.ranks = ranks
+        self.master_port = master_port
+        self.emit = emit
+        self.selector = selector
+        self.status = RunStatus.RUNNING
+        self.message = ""
+        self.failures: list[tuple[float, int, str]] = []
+        self.returned: set[int] = set()
+        self.raised: set[int] = set()
+        self.exited: set[int] = set()
+        self.unfinished: tuple[int, ...] = ()
+        self.stopping = False
+        self.kill_deadline: float | None = None
+        self.deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
+        self.finished = False
+        logs = spec.run_dir / "logs"
+        logs.mkdir(mode=0o700, exist_ok=True)
+        self.logs: list[IO[bytes]] = [
+            open(logs / f"rank_{r}.txt", "ab", buffering=0)  # noqa: SIM115 - closed in close()
+            for r in range(len(ranks))
+        ]
+
+    def start(self) -> None:
+        for rank, proc in enumerate(self.ranks):
+            self.selector.register(
+                proc.conn.fileno(), selectors.EVENT_READ, self._cb(self._on_message, rank)
+            )
+            self.selector.register(proc.pidfd, selectors.EVENT_READ, self._cb(self._on_exit, rank))
+            for stream, fd in proc.pipes.items():
+                self.selector.register(
+                    fd, selectors.EVENT_READ, self._cb(self._on_output, rank, stream)
+                )
+            try:
+                proc.conn.send(self._rank_spec(rank))
+            except OSError:
+                pass  # the rank already died; its exit is reported through its pidfd
+
+    def _cb(self, method: Callable[..., None], *args: Any) -> Callable[[Any], None]:
+        return lambda _fd: method(*args)
+
+    def _rank_spec(self, rank: int) -> RankSpec:
+        s = self.spec
+        env = rank_env(
+            s.env,
+            rank=rank,
+            world_size=s.world_size,
+            master_port=self.master_port,
+            device=s.device,
+            run_id=s.run_id,
+            run_dir=str(s.run_dir),
+        )
+        return RankSpec(
+            run_id=s.run_id,
+            rank=rank,
+            world_size=s.world_size,
+            env=env,
+            cwd=s.cwd,
+            sys_path=s.sys_path,
+            payload_path=s.payload_path,
+            result_path=s.run_dir / f"result_{rank}.pkl",
+            error_path=s.run_dir / f"error_{rank}.pkl",
+        )
+
+    # -- events from the ranks -------------------------------------------------------------------
+
+    def _on_message(self, rank: int) -> None:
+        proc = self.ranks[rank]
+        try:
+            message = proc.conn.recv()
+        except (EOFError, OSError):
+            self.selector.unregister(proc.conn.fileno())
+            return
+        if isinstance(message, UserCodeStarted):
+            self.emit(RankStarted(self.spec.run_id, rank, proc.pid, message.time))
+        elif isinstance(message, RankDone) and message.ok:
+            self.returned.add(rank)
+            if len(self.returned) == len(self.ranks) and not self.stopping:
+                self._release_all()
+        elif isinstance(message, RankDone):
+            self.raised.add(rank)
+            self.failures.append((message.time, rank, "raised an exception"))
+            self._stop(RunStatus.FAILED)
+
+    def _release_all(self) -> None:
+        for proc in self.ranks:
+            try:
+                proc.conn.send(Release())
+            except OSError:
+                pass
+        self.kill_deadline = time.monotonic() + _RELEASE_GRACE_S
+
+    def _on_output(self, rank: int, stream: str) -> None:
+        proc = self.ranks[rank]
+        data, eof = proc.read(stream)
+        if data:
+            self.logs[rank].write(data)
+            pieces = proc.splitters[stream].feed(data, time.monotonic())
+            if pieces:
+                self.emit(OutputLines(self.spec.run_id, rank, stream, tuple(pieces), time.time()))
+        if eof:
+            self.selector.unregister(proc.pipes[stream])
+            proc.close_pipe(stream)
+            rest = proc.splitters[stream].close()
+            if rest:
+                self.emit(OutputLines(self.spec.run_id, rank, stream, tuple(rest), time.time()))
+
+    def _on_exit(self, rank: int) -> None:
+        proc = self.ranks[rank]
+        status = proc.poll()
+        if status is None or rank in self.exited:
+            return
+        self.exited.add(rank)
+        self.selector.unregister(proc.pidfd)
+        while rank not in self.returned | self.raised and _poll(proc):
+            self._on_message(rank)  # a RankDone sent just before exiting
+        for stream in list(proc.pipes):
+            self._on_output(rank, stream)
+        state = self._classify_exit(rank, status)
+        self.emit(
+            RankFinished(self.spec.run_id, rank, state, status, signal_name(status), time.time())
+        )
+        if len(self.exited) == len(self.ranks):
+            self._finish()
+
+    def _classify_exit(self, rank: int, status: int) -> RankState:
+        if rank in self.returned:
+            return RankState.DONE
+        if rank in self.raised:
+            return RankState.FAILED
+        if self.stopping:
+            return RankState.KILLED
+        sig = signal_name(status)
+        if sig is not None:
+            what = f"was killed by {sig}"
+        elif status != 0:
+            what = f"exited with code {status}"
+        else:
+            what = "exited with code 0 without returning a result"
+        self.failures.append((time.time(), rank, what))
+        self._stop(RunStatus.FAILED)
+        return RankState.FAILED
+
+    # -- stopping ----------------------------------------------------------------------------------
+
+    def cancel(self, reason: str) -> None:
+        self._stop(RunStatus.CANCELLED, reason)
+
+    def _stop(self, status: RunStatus, message: str = "") -> None:
+        if self.stopping or self.finished:
+            return
+        self.stopping = True
+        self.status = status
+        self.message = message
+        self.unfinished = tuple(
+            r for r in range(len(self.ranks)) if r not in self.returned | self.raised
+        )
+        for rank, proc in enumerate(self.ranks):
+            if rank not in self.exited:
+                kill_group(proc.pid, signal.SIGTERM)
+        self.kill_deadline = time.monotonic() + self.spec.grace
+
+    def tick(self, now: float) -> None:
+        for rank, proc in enumerate(self.ranks):
+            for stream, splitter in proc.splitters.items():
+                piece = splitter.flush_idle(now) if stream in proc.pipes else None
+                if piece:
+                    self.emit(OutputLines(self.spec.run_id, rank, stream, (piece,), time.time()))
+        if self.deadline is not None and now >= self.deadline and not self.stopping:
+            running = [r for r in range(len(self.ranks)) if r not in self.returned | self.raised]
+            limit = self.spec.timeout or 0.0
+            self._stop(
+                RunStatus.TIMED_OUT,
+                f"exceeded its timeout of {limit:g} s; ranks still running: "
+                + ", ".join(map(str, running)),
+            )
+        if self.kill_deadline is not None and now >= self.kill_deadline:
+            for rank, proc in enumerate(self.ranks):
+                if rank not in self.exited:
+                    kill_group(proc.pid, signal.SIGKILL)
+
+    def _finish(self) -> None:
+        root: int | None = None
+        if self.failures and self.status is RunStatus.FAILED:
+            _when, root, what = min(self.failures)
+            self.message = f"rank {root} {what}"
+        elif not self.stopping:
+            self.status = RunStatus.SUCCEEDED
+        self.finished = True
+        self.emit(
+            RunFinished(
+                self.spec.run_id, self.status, root, self.message, self.unfinished, time.time()
+            )
+        )
+
+    def finish_now(self) -> None:
+        """For launcher shutdown: every rank has been reaped outside the select loop."""
+        for rank, proc in enumerate(self.ranks):
+            if rank not in self.exited and proc.exit_status is not None:
+                self.exited.add(rank)
+        if not self.finished:
+            self._finish()
+
+    def close(self) -> None:
+        for proc in self.ranks:
+            for fd in proc.open_fds():
+                try:
+                    self.selector.unregister(fd)
+                except (KeyError, ValueError, OSError):
+                    pass
+            proc.close()
+        for f in self.logs:
+            f.close()
+
+
+def _poll(proc: RankProcess) -> bool:
+    try:
+        return proc.conn.poll(0)
+    except (EOFError, OSError):
+        return False

@@ -1,0 +1,165 @@
+"""What a rank runs: forked from the launcher, it waits for its spec, runs the user's function once,
+writes the result or an error record into the run directory and exits.
+
+A rank never returns into the launcher's code: every path ends in ``os._exit``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any, NoReturn
+
+import cloudpickle
+
+from .lifetime import die_with_parent
+from .protocol import ErrorRecord, RankDone, RankSpec, Release, UserCodeStarted
+from .serialization import dump_to_file
+
+
+def rank_main(conn: Connection, stdout_fd: int, stderr_fd: int, warm_cuda: int | None) -> NoReturn:
+    """Entry point of a freshly forked rank process."""
+    code = 70  # EX_SOFTWARE: reached only if the code below itself breaks
+    try:
+        _become_rank_process(stdout_fd, stderr_fd, conn.fileno())
+        if warm_cuda is not None:
+            _create_cuda_context(warm_cuda)
+        spec = conn.recv()
+        if isinstance(spec, RankSpec):
+            code = _run(conn, spec)
+    except (EOFError, OSError):
+        code = 1  # the launcher went away before or during the call
+    finally:
+        _flush()
+        os._exit(code)
+
+
+def _become_rank_process(stdout_fd: int, stderr_fd: int, keep_fd: int) -> None:
+    # Own process group (the launcher sets it too, race-free): killing the group also ends
+    # whatever the rank started, such as DataLoader workers.
+    os.setpgid(0, 0)
+    die_with_parent(signal.SIGKILL)
+    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    # Drop every descriptor inherited from the launcher (other ranks' pipes, the caller's socket).
+    os.closerange(3, keep_fd)
+    os.closerange(keep_fd + 1, _max_fd())
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
+    sys.stdout = _line_stream(1)
+    sys.stderr = _line_stream(2)
+
+
+def _max_fd() -> int:
+    try:
+        return int(os.sysconf("SC_OPEN_MAX"))
+    except (ValueError, OSError):
+        return 65536
+
+
+def _line_stream(fd: int) -> io.TextIOWrapper:
+    raw = open(fd, "wb", buffering=0, closefd=False)  # noqa: SIM115
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", line_buffering=True)
+
+
+def _create_cuda_context(index: int) -> None:
+    import torch
+
+    torch.cuda.set_device(index)
+    torch.empty(1, device=f"cuda:{index}")
+
+
+def _run(conn: Connection, spec: RankSpec) -> int:
+    os.environ.clear()
+    os.environ.update(spec.env)
+    os.chdir(spec.cwd)
+    sys.path[:] = list(spec.sys_path)
+    _apply_thread_limit()
+    conn.send(UserCodeStarted(time.time()))
+    try:
+        with open(spec.payload_path, "rb") as f:
+            func, args, kwargs = pickle.load(f)
+        result = func(*args, **kwargs)
+    except SystemExit as exc:
+        return _exit_code(exc)
+    except BaseException as exc:  # the user's failure, whatever it is, goes back to the caller
+        _write_error(spec, exc, library_error=False)
+        conn.send(RankDone(ok=False, time=time.time()))
+        return 1
+    try:
+        dump_to_file(result, spec.result_path)
+    except Exception as exc:  # any pickling failure: report which rank and which type
+        message = f"rank {spec.rank} returned a {_type_name(result)} that cannot be pickled: {exc}"
+        _write_error(spec, exc, library_error=True, message=message)
+        conn.send(RankDone(ok=False, time=time.time()))
+        return 1
+    conn.send(RankDone(ok=True, time=time.time()))
+    _flush()
+    try:
+        while not isinstance(conn.recv(), Release):
+            pass
+    except EOFError:
+        pass
+    return 0
+
+
+def _apply_thread_limit() -> None:
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _type_name(value: Any) -> str:
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def _write_error(
+    spec: RankSpec, exc: BaseException, *, library_error: bool, message: str | None = None
+) -> None:
+    tb_text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    sys.stderr.write(tb_text)
+    record = ErrorRecord(
+        rank=spec.rank,
+        time=time.time(),
+        type_name=_type_name(exc),
+        message=message if message is not None else str(exc),
+        traceback_text=tb_text,
+        exception=None if library_error else _pickled_exception(exc),
+        library_error=library_error,
+    )
+    dump_to_file(record, spec.error_path)
+
+
+def _pickled_exception(exc: BaseException) -> bytes | None:
+    """The exception pickled, if it survives a round trip (custom ``__init__`` often does not)."""
+    try:
+        data = cloudpickle.dumps(exc)
+        pickle.loads(data)
+    except Exception:  # unpicklable: the caller gets type, message and traceback text instead
+        return None
+    return data
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
