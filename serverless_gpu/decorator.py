@@ -14,6 +14,7 @@ from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 from .backends.base import Backend, RunRequest
 from .backends.local import default_backend
 from .console import OUTPUT_CHOICES, ConsolePrinter
+from .env import RANK_INIT_ENV
 from .errors import ConfigurationError, UsageError
 from .gpus import GPUType, resolve_placement
 from .handle import RunHandle
@@ -139,7 +140,7 @@ class DistributedFunction(Generic[P, R]):
         request = RunRequest(
             context=ctx,
             payload=payload,
-            env={**os.environ, **ctx.env},
+            env=_rank_base_env(ctx),
             cwd=os.getcwd(),
             sys_path=tuple(sys.path),
             grace=float(cfg.grace),
@@ -155,6 +156,14 @@ class DistributedFunction(Generic[P, R]):
         except Exception:  # the call itself will report a bad configuration
             return
         self.backend.prewarm(placement)
+
+
+def _rank_base_env(ctx: RunContext) -> dict[str, str]:
+    """The caller's environment now, with the hooks' additions."""
+    env = {**os.environ, **ctx.env}
+    if ctx.rank_initializers:
+        env[RANK_INIT_ENV] = ",".join(ctx.rank_initializers)
+    return env
 
 
 @overload

@@ -13,6 +13,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 class RunStatus(str, enum.Enum):
@@ -110,5 +111,36 @@ class RunFinished:
     time: float
 
 
-Event = RunStarted | RankStarted | OutputLines | RankFinished | RunFinished
+@dataclass(frozen=True)
+class RankMessage:
+    """Data a rank sent to the caller with ``runtime.send_to_caller`` (e.g. buffered metrics)."""
+
+    run_id: str
+    rank: int
+    kind: str
+    data: Any
+    time: float
+
+
+@dataclass(frozen=True)
+class SystemMetrics:
+    """Host and GPU utilisation, sampled by the launcher (psutil, NVML) while the run is live.
+
+    Keys follow MLflow's system-metric names (``system/gpu_0_utilization_percentage`` ...).
+    """
+
+    run_id: str
+    values: dict[str, float]
+    time: float
+
+
+Event = (
+    RunStarted
+    | RankStarted
+    | OutputLines
+    | RankFinished
+    | RunFinished
+    | RankMessage
+    | SystemMetrics
+)
 Subscriber = Callable[[Event], None]

@@ -101,16 +101,15 @@ def visible_gpu_names() -> list[str]:
         uuids = [_decode(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
     finally:
         pynvml.nvmlShutdown()
-    return [names[i] for i in _visible_indices(uuids)]
+    return [names[i] for i in visible_indices(uuids, os.environ.get("CUDA_VISIBLE_DEVICES"))]
 
 
 def _decode(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _visible_indices(uuids: list[str]) -> list[int]:
-    """Apply CUDA_VISIBLE_DEVICES (indices or UUID prefixes) the way the CUDA runtime does."""
-    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+def visible_indices(uuids: list[str], spec: str | None) -> list[int]:
+    """Apply a CUDA_VISIBLE_DEVICES value (indices or UUID prefixes) as the CUDA runtime does."""
     if spec is None:
         return list(range(len(uuids)))
     chosen: list[int] = []

@@ -45,9 +45,8 @@ class RunHandle(Generic[R]):
         self._subscribers: list[Subscriber] = []
         self._stderr: dict[int, deque[str]] = {}
         self._outcome: tuple[RunResult[R] | None, BaseException | None] | None = None
-        self.idle_callbacks: list[Callable[[], None]] = []
-        """Called between event slices while waiting (the Jupyter extension processes widget
-        messages here so that Cancel works during a blocking call)."""
+        self.idle_callbacks = ctx.idle_callbacks
+        ctx._cancel = self.cancel
         p = ctx.placement
         self.push(
             RunStarted(

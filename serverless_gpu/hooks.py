@@ -36,6 +36,18 @@ class RunContext:
     """Anything else hooks want on the result (e.g. ``"mlflow_run_id"``)."""
     display_claimed: bool = False
     """Set by a renderer hook that shows the run itself; the console printer then stays quiet."""
+    rank_initializers: list[str] = field(default_factory=list)
+    """``"module:function"`` names each rank imports and calls before user code (e.g. to install
+    a metrics buffer); the function takes no arguments."""
+    idle_callbacks: list[Callable[[], None]] = field(default_factory=list)
+    """Called repeatedly while the caller blocks waiting for the run (every ~50 ms); the Jupyter
+    extension processes widget clicks here so that Cancel works during a blocking call."""
+    _cancel: Callable[[str], None] | None = field(default=None, repr=False)
+
+    def cancel(self, reason: str = "cancelled by the user") -> None:
+        """Stop every rank of the run (TERM, grace, KILL); returns at once."""
+        if self._cancel is not None:
+            self._cancel(reason)
 
 
 RunHook = Callable[[RunContext], "Subscriber | None"]

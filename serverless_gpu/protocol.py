@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # --- caller -> launcher ------------------------------------------------------------------
 
@@ -91,6 +92,15 @@ class RankDone:
     """The rank's result (``ok``) or error record has been written to the run directory."""
 
     ok: bool
+    time: float
+
+
+@dataclass(frozen=True)
+class ToCaller:
+    """Data for the caller's subscribers (``runtime.send_to_caller``); forwarded as RankMessage."""
+
+    kind: str
+    data: Any
     time: float
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -69,3 +70,26 @@ def init_process_group(timeout: timedelta | None = None, **kwargs: Any) -> None:
     if timeout is not None:
         kwargs["timeout"] = timeout
     dist.init_process_group(backend=backend, **kwargs)
+
+
+# -- channel to the caller (set up by the worker inside a rank) -------------------------------
+
+_channel: Callable[[str, Any], None] | None = None
+_exit_callbacks: list[Callable[[], None]] = []
+
+
+def send_to_caller(kind: str, data: Any) -> None:
+    """Send picklable ``data`` to the caller's subscribers as a ``RankMessage`` event."""
+    if _channel is None:
+        raise RuntimeError("send_to_caller works only inside a rank of a distributed call")
+    _channel(kind, data)
+
+
+def on_rank_exit(callback: Callable[[], None]) -> None:
+    """Run ``callback`` after the user's function ends and before its result is reported."""
+    _exit_callbacks.append(callback)
+
+
+def _run_exit_callbacks() -> None:
+    while _exit_callbacks:
+        _exit_callbacks.pop(0)()

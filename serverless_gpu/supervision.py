@@ -12,13 +12,24 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from .env import rank_env
-from .events import OutputLines, RankFinished, RankStarted, RankState, RunFinished, RunStatus
+from . import system_metrics
+from .env import METRICS_INTERVAL_ENV, rank_env
+from .events import (
+    OutputLines,
+    RankFinished,
+    RankMessage,
+    RankStarted,
+    RankState,
+    RunFinished,
+    RunStatus,
+    SystemMetrics,
+)
 from .lifetime import kill_group, signal_name
-from .protocol import RankDone, RankSpec, Release, StartRun, UserCodeStarted
+from .protocol import RankDone, RankSpec, Release, StartRun, ToCaller, UserCodeStarted
 from .rank_process import RankProcess
 
 _RELEASE_GRACE_S = 5.0
+_METRICS_EVERY_S = 10.0
 
 
 class RunSupervisor:
@@ -47,6 +58,8 @@ class RunSupervisor:
         self.stopping = False
         self.kill_deadline: float | None = None
         self.deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
+        self.metrics_every = float(spec.env.get(METRICS_INTERVAL_ENV, _METRICS_EVERY_S))
+        self.next_metrics = time.monotonic() + min(self.metrics_every, 1.0)
         self.finished = False
         logs = spec.run_dir / "logs"
         logs.mkdir(mode=0o700, exist_ok=True)
@@ -111,6 +124,8 @@ class RunSupervisor:
             self.returned.add(rank)
             if len(self.returned) == len(self.ranks) and not self.stopping:
                 self._release_all()
+        elif isinstance(message, ToCaller):
+            self.emit(RankMessage(self.spec.run_id, rank, message.kind, message.data, message.time))
         elif isinstance(message, RankDone):
             self.raised.add(rank)
             self.failures.append((message.time, rank, "raised an exception"))
@@ -200,6 +215,9 @@ class RunSupervisor:
                 piece = splitter.flush_idle(now) if stream in proc.pipes else None
                 if piece:
                     self.emit(OutputLines(self.spec.run_id, rank, stream, (piece,), time.time()))
+        if self.metrics_every > 0 and now >= self.next_metrics and not self.stopping:
+            self.next_metrics = now + self.metrics_every
+            self._sample_system()
         if self.deadline is not None and now >= self.deadline and not self.stopping:
             running = [r for r in range(len(self.ranks)) if r not in self.returned | self.raised]
             limit = self.spec.timeout or 0.0
@@ -212,6 +230,11 @@ class RunSupervisor:
             for rank, proc in enumerate(self.ranks):
                 if rank not in self.exited:
                     kill_group(proc.pid, signal.SIGKILL)
+
+    def _sample_system(self) -> None:
+        s = self.spec
+        values = system_metrics.sample(s.device, s.env.get("CUDA_VISIBLE_DEVICES"), s.world_size)
+        self.emit(SystemMetrics(s.run_id, values, time.time()))
 
     def _finish(self) -> None:
         root: int | None = None

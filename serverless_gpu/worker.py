@@ -6,20 +6,25 @@ A rank never returns into the launcher's code: every path ends in ``os._exit``.
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 import cloudpickle
 
+from . import runtime
+from .env import RANK_INIT_ENV
 from .lifetime import die_with_parent
-from .protocol import ErrorRecord, RankDone, RankSpec, Release, UserCodeStarted
+from .protocol import ErrorRecord, RankDone, RankSpec, Release, ToCaller, UserCodeStarted
 from .serialization import dump_to_file
 
 
@@ -83,25 +88,31 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     os.chdir(spec.cwd)
     sys.path[:] = list(spec.sys_path)
     _apply_thread_limit()
-    conn.send(UserCodeStarted(time.time()))
+    send = _locked_sender(conn)
+    runtime._channel = lambda kind, data: send(ToCaller(kind, data, time.time()))
+    send(UserCodeStarted(time.time()))
     try:
-        with open(spec.payload_path, "rb") as f:
-            func, args, kwargs = pickle.load(f)
-        result = func(*args, **kwargs)
+        try:
+            _call_initializers()
+            with open(spec.payload_path, "rb") as f:
+                func, args, kwargs = pickle.load(f)
+            result = func(*args, **kwargs)
+        finally:
+            _exit_callbacks_quietly()
     except SystemExit as exc:
         return _exit_code(exc)
     except BaseException as exc:  # the user's failure, whatever it is, goes back to the caller
         _write_error(spec, exc, library_error=False)
-        conn.send(RankDone(ok=False, time=time.time()))
+        send(RankDone(ok=False, time=time.time()))
         return 1
     try:
         dump_to_file(result, spec.result_path)
     except Exception as exc:  # any pickling failure: report which rank and which type
         message = f"rank {spec.rank} returned a {_type_name(result)} that cannot be pickled: {exc}"
         _write_error(spec, exc, library_error=True, message=message)
-        conn.send(RankDone(ok=False, time=time.time()))
+        send(RankDone(ok=False, time=time.time()))
         return 1
-    conn.send(RankDone(ok=True, time=time.time()))
+    send(RankDone(ok=True, time=time.time()))
     _flush()
     try:
         while not isinstance(conn.recv(), Release):
@@ -109,6 +120,31 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     except EOFError:
         pass
     return 0
+
+
+def _locked_sender(conn: Connection) -> Callable[[Any], None]:
+    """Rank-side helpers (a metrics thread) may send concurrently with the main thread."""
+    lock = threading.Lock()
+
+    def send(message: Any) -> None:
+        with lock:
+            conn.send(message)
+
+    return send
+
+
+def _call_initializers() -> None:
+    """Run the hooks' ``module:function`` initializers named in the rank's environment."""
+    for name in filter(None, os.environ.get(RANK_INIT_ENV, "").split(",")):
+        module, _, attr = name.partition(":")
+        getattr(importlib.import_module(module), attr)()
+
+
+def _exit_callbacks_quietly() -> None:
+    try:
+        runtime._run_exit_callbacks()
+    except Exception:  # a failing flush must not hide the user's own result or error
+        traceback.print_exc()
 
 
 def _apply_thread_limit() -> None:
