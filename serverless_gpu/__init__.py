@@ -59,7 +59,9 @@ __all__ = [
 def shutdown() -> None:
     """Stop the launcher and every rank it started (also done automatically at exit)."""
     from .backends.local import default_backend
+    from .decorator import join_prewarm
 
+    join_prewarm()
     default_backend().shutdown()
 
 

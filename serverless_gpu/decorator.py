@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
+from . import tracking as _tracking  # noqa: F401 - registers the MLflow run hook (lazy mlflow)
 from .backends.base import Backend, RunRequest
 from .backends.local import default_backend
 from .console import OUTPUT_CHOICES, ConsolePrinter
@@ -90,9 +91,7 @@ class DistributedFunction(Generic[P, R]):
         self._backend = backend
         functools.update_wrapper(self, func)
         if config.standby:
-            threading.Thread(
-                target=self._prewarm, name="serverless-gpu-prewarm", daemon=True
-            ).start()
+            _start_prewarm(self._prewarm)
 
     @property
     def backend(self) -> Backend:
@@ -156,6 +155,29 @@ class DistributedFunction(Generic[P, R]):
         except Exception:  # the call itself will report a bad configuration
             return
         self.backend.prewarm(placement)
+
+
+_prewarm_threads: set[threading.Thread] = set()
+
+
+def _start_prewarm(target: Callable[[], None]) -> None:
+    """Warm up in the background so decorating never delays the cell."""
+
+    def run() -> None:
+        try:
+            target()
+        finally:
+            _prewarm_threads.discard(thread)
+
+    thread = threading.Thread(target=run, name="serverless-gpu-prewarm", daemon=True)
+    _prewarm_threads.add(thread)
+    thread.start()
+
+
+def join_prewarm(timeout: float = 10.0) -> None:
+    """Wait for background warm-ups (so that a shutdown is not followed by a late start)."""
+    for thread in list(_prewarm_threads):
+        thread.join(timeout)
 
 
 def _rank_base_env(ctx: RunContext) -> dict[str, str]:

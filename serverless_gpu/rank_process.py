@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import socket
 from multiprocessing.connection import Connection
 
@@ -11,6 +12,7 @@ from .output import LineSplitter
 
 _F_SETPIPE_SZ = 1031
 _PIPE_BYTES = 1 << 20  # a large pipe lets a rank burst output while the launcher is busy
+_BLOCKED = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
 class RankProcess:
@@ -101,12 +103,15 @@ def fork_rank(warm_cuda: int | None) -> RankProcess:
     parent_sock, child_sock = socket.socketpair()
     out_r, out_w = _pipe()
     err_r, err_w = _pipe()
+    # Until the child has reset the launcher's signal handlers, a TERM must not run launcher
+    # code in it: block the signals across fork; rank_main unblocks them.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
     pid = os.fork()
     if pid == 0:  # the child never returns from rank_main
         from .worker import rank_main
 
-        parent_sock.close()
         rank_main(Connection(child_sock.detach()), out_w, err_w, warm_cuda)
+    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     try:
         os.setpgid(pid, pid)
     except OSError:

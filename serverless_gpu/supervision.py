@@ -54,6 +54,7 @@ class RunSupervisor:
         self.returned: set[int] = set()
         self.raised: set[int] = set()
         self.exited: set[int] = set()
+        self.hung_up: set[int] = set()
         self.unfinished: tuple[int, ...] = ()
         self.stopping = False
         self.kill_deadline: float | None = None
@@ -116,7 +117,9 @@ class RunSupervisor:
         try:
             message = proc.conn.recv()
         except (EOFError, OSError):
-            self.selector.unregister(proc.conn.fileno())
+            if rank not in self.hung_up:
+                self.hung_up.add(rank)
+                self.selector.unregister(proc.conn.fileno())
             return
         if isinstance(message, UserCodeStarted):
             self.emit(RankStarted(self.spec.run_id, rank, proc.pid, message.time))
@@ -161,7 +164,7 @@ class RunSupervisor:
             return
         self.exited.add(rank)
         self.selector.unregister(proc.pidfd)
-        while rank not in self.returned | self.raised and _poll(proc):
+        while rank not in self.returned | self.raised | self.hung_up and _poll(proc):
             self._on_message(rank)  # a RankDone sent just before exiting
         for stream in list(proc.pipes):
             self._on_output(rank, stream)
@@ -205,7 +208,7 @@ class RunSupervisor:
             r for r in range(len(self.ranks)) if r not in self.returned | self.raised
         )
         for rank, proc in enumerate(self.ranks):
-            if rank not in self.exited:
+            if rank not in self.exited | self.raised:  # a rank that raised is exiting already
                 kill_group(proc.pid, signal.SIGTERM)
         self.kill_deadline = time.monotonic() + self.spec.grace
 

@@ -53,6 +53,7 @@ def _become_rank_process(stdout_fd: int, stderr_fd: int, keep_fd: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
     # Drop every descriptor inherited from the launcher (other ranks' pipes, the caller's socket).

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install everything the tests need into .venv, then lint, type-check and run the whole suite.
+# Works on a fresh machine with only Python (and apt for the browser test's Chromium).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+# constraints-ci.txt pins the CPU build of torch for tests; users keep their own CUDA torch.
+.venv/bin/python -m pip install -q -c constraints-ci.txt -e '.[dev]'
+
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
+fi
+
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,1 @@
+"""Runnable examples; ``python -m serverless_gpu.examples.mlp`` is the README's main job."""

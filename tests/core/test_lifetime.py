@@ -1,0 +1,144 @@
+"""Nothing of ours survives its caller: SIGKILL, KeyboardInterrupt, and 100 calls in a row."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from serverless_gpu import distributed
+from serverless_gpu.rundirs import KEEP_RUNS_ENV, RUNS_DIR_ENV
+
+WaitGone = Callable[..., set[int]]
+_CALLER = textwrap.dedent(
+    """
+    import sys, time
+    from serverless_gpu import distributed
+    from serverless_gpu.events import RankStarted
+
+    @distributed(gpus=2, gpu_type="cpu", output="none")
+    def forever():
+        import subprocess
+        subprocess.Popen(["sleep", "600"])  # a grandchild: must die with the rank
+        time.sleep(600)
+
+    handle = forever.start()
+    started = set()
+    handle.subscribe(lambda e: started.add(e.rank) if isinstance(e, RankStarted) else None)
+    while len(started) < 2:
+        handle.wait(0.05)
+    time.sleep(0.5)
+    print("READY", flush=True)
+    try:
+        handle.result()
+    except KeyboardInterrupt:
+        print("INTERRUPTED", flush=True)
+        raise
+    """
+)
+
+
+def _start_caller(tmp_path: Path) -> tuple[subprocess.Popen[str], set[int]]:
+    script = tmp_path / "caller.py"
+    script.write_text(_CALLER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    while not lines or lines[-1] not in ("READY\n", ""):
+        lines.append(proc.stdout.readline())
+    if lines[-1] != "READY\n":
+        proc.kill()
+        pytest.fail(f"caller did not get ready: {lines!r} {proc.communicate()}")
+    tree = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    # launcher + 2 ranks + 2 grandchildren (standby ranks may add more)
+    assert len(tree) >= 5
+    return proc, tree
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_of_the_caller_leaves_nothing(tmp_path: Path, gone: WaitGone) -> None:
+    proc, tree = _start_caller(tmp_path)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not gone(tree, timeout=3.0)
+
+
+@pytest.mark.timeout(120)
+def test_keyboard_interrupt_kills_ranks_and_reraises(tmp_path: Path, gone: WaitGone) -> None:
+    proc, tree = _start_caller(tmp_path)
+    launcher = min(tree)  # started first
+    ranks = tree - {launcher}
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert "INTERRUPTED" in out
+    assert "KeyboardInterrupt" in err
+    assert not gone(ranks, timeout=3.0)
+    assert not gone(tree, timeout=5.0)
+
+
+def _fd_count() -> int:
+    return psutil.Process().num_fds()
+
+
+@pytest.mark.timeout(300)
+def test_hundred_calls_leak_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    monkeypatch.setenv(RUNS_DIR_ENV, str(runs))
+    monkeypatch.setenv(KEEP_RUNS_ENV, "5")
+
+    @distributed(gpus=2)
+    def noop(i: int) -> int:
+        return i
+
+    assert noop.distributed(-1) == [-1, -1]  # launcher up, first standby ranks in use
+    time.sleep(0.5)
+    fds = _fd_count()
+    procs = {p.pid for p in psutil.Process().children(recursive=True)}
+    tmp_entries = set(os.listdir(tempfile.gettempdir()))
+    for i in range(100):
+        assert noop.distributed(i) == [i, i]
+    time.sleep(0.5)
+    assert _fd_count() <= fds
+    # The launcher and one set of standby ranks, same count as before (fresh pids each call).
+    assert len(psutil.Process().children(recursive=True)) == len(procs)
+    assert set(os.listdir(tempfile.gettempdir())) <= tmp_entries
+    run_dirs = [p for p in runs.iterdir() if p.is_dir()]
+    assert len(run_dirs) <= 5
+    for run_dir in run_dirs:
+        assert not list(run_dir.glob("*.pkl"))  # payload and results are removed after a call
+        assert (run_dir.stat().st_mode & 0o777) == 0o700
+
+
+def test_launcher_has_no_listening_socket() -> None:
+    @distributed(gpus=2)
+    def noop() -> None:
+        pass
+
+    noop.distributed()
+    launcher = psutil.Process().children()[0]
+    listening = [c for c in launcher.net_connections(kind="all") if c.status == psutil.CONN_LISTEN]
+    assert listening == []
+    assert launcher.cmdline()[1:3] == ["-m", "serverless_gpu.launcher"]
+
+
+def test_launcher_restarts_transparently_after_dying() -> None:
+    @distributed(gpus=2)
+    def pid() -> int:
+        return os.getppid()
+
+    first = pid.distributed()
+    psutil.Process(first[0]).kill()
+    psutil.Process(first[0]).wait(5)
+    second = pid.distributed()
+    assert second[0] == second[1] != first[0]
