@@ -37,6 +37,7 @@ class Launcher:
         self.selector.register(caller.fileno(), selectors.EVENT_READ, self._on_caller)
         self.runs: dict[str, RunSupervisor] = {}
         self.standby: dict[tuple[str, int], list[RankProcess]] = {}
+        self.warm_shapes: set[tuple[str, int]] = set()
         self.running = True
 
     # -- loop --------------------------------------------------------------------------------
@@ -89,6 +90,7 @@ class Launcher:
 
     def _prewarm(self, device: str, world_size: int) -> None:
         key = (device, world_size)
+        self.warm_shapes.add(key)
         if self.standby.get(key):
             return
         warm = [fork_rank(i if device == "cuda" else None) for i in range(world_size)]
@@ -113,13 +115,16 @@ class Launcher:
             for r in ranks:
                 r.reap_blocking()
             return None
-        # Replace them in the background of the next loop iterations.
-        self._prewarm(device, world_size)
         return ranks
 
     def _close_run(self, run: RunSupervisor) -> None:
         run.close()
         del self.runs[run.spec.run_id]
+        # Standby ranks are replaced only once the call is over: while it runs they would hold
+        # a CUDA context (and CPU time) on the GPUs the call is using.
+        key = (run.spec.device, run.spec.world_size)
+        if key in self.warm_shapes and not self.runs:
+            self._prewarm(*key)
 
     # -- shutdown ------------------------------------------------------------------------------
 

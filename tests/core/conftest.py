@@ -43,8 +43,10 @@ def gone() -> WaitGone:
 
 
 @pytest.fixture(autouse=True)
-def cpu_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+def cpu_mode(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
     monkeypatch.setenv("SERVERLESS_GPU_TYPE", "cpu")
+    # Tracking is on by default: keep MLflow's default ./mlflow.db out of the repository.
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
 @pytest.fixture(autouse=True)

@@ -96,23 +96,30 @@ def test_hundred_calls_leak_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     runs = tmp_path / "runs"
     monkeypatch.setenv(RUNS_DIR_ENV, str(runs))
     monkeypatch.setenv(KEEP_RUNS_ENV, "5")
+    # A private TMPDIR for the caller, the launcher and the ranks: nothing else writes there.
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
 
     @distributed(gpus=2)
     def noop(i: int) -> int:
         return i
 
     assert noop.distributed(-1) == [-1, -1]  # launcher up, first standby ranks in use
-    time.sleep(0.5)
+    time.sleep(1.0)
     fds = _fd_count()
     procs = {p.pid for p in psutil.Process().children(recursive=True)}
-    tmp_entries = set(os.listdir(tempfile.gettempdir()))
+    tmp_entries = set(os.listdir(private_tmp))
     for i in range(100):
         assert noop.distributed(i) == [i, i]
-    time.sleep(0.5)
+    # The launcher and one set of standby ranks, as before (fresh pids each call).
+    deadline = time.monotonic() + 5
+    while len(psutil.Process().children(recursive=True)) != len(procs):
+        assert time.monotonic() < deadline, psutil.Process().children(recursive=True)
+        time.sleep(0.05)
     assert _fd_count() <= fds
-    # The launcher and one set of standby ranks, same count as before (fresh pids each call).
-    assert len(psutil.Process().children(recursive=True)) == len(procs)
-    assert set(os.listdir(tempfile.gettempdir())) <= tmp_entries
+    assert set(os.listdir(private_tmp)) <= tmp_entries
     run_dirs = [p for p in runs.iterdir() if p.is_dir()]
     assert len(run_dirs) <= 5
     for run_dir in run_dirs:
