@@ -1,0 +1,248 @@
+"""A node-local file cache shared safely by every process of the machine.
+
+* No torn files: a download goes to a hidden temp name in the target's directory and is
+  published with ``os.replace``; a per-file ``flock`` makes concurrent fetches of one file
+  download it once (and a lost race would still be harmless).
+* Free-disk floor: before a download, under a cache-wide ``flock``, least-recently-used files
+  are evicted until ``free - size >= min_free_bytes``; the temp file is then preallocated so
+  other processes see the space as taken while the download runs.
+* Pins: a reader holds a shared ``flock`` on a cached file; eviction only removes files it can
+  lock exclusively without waiting, so files in use are never deleted under a reader.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from hashlib import sha1
+from pathlib import Path
+from typing import BinaryIO
+
+from serverless_gpu.data.errors import CacheFullError, VolumeReadError
+
+__all__ = ["CachePin", "LocalCache", "default_cache_dir"]
+
+_LOCKS = ".locks"
+_ATTEMPTS = 5
+
+
+def default_cache_dir() -> Path:
+    """``$SERVERLESS_GPU_CACHE_DIR`` or ``~/.cache/serverless_gpu/volumes``."""
+    env = os.environ.get("SERVERLESS_GPU_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "serverless_gpu" / "volumes"
+
+
+class CachePin:
+    """An open, share-locked cached file; it cannot be evicted until :meth:`close`."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    def close(self) -> None:
+        """Release the pin (closing the descriptor drops the shared lock)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> CachePin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalCache:
+    """Files cached under ``cache_dir/namespace/<relpath>`` (see the module docstring).
+
+    Locks and eviction span the whole ``cache_dir``, so volumes sharing it (one namespace
+    each) also share the free-disk floor and evict each other's least recently used files.
+    """
+
+    def __init__(
+        self, cache_dir: str | os.PathLike[str], *, namespace: str = "", min_free_bytes: int = 0
+    ) -> None:
+        self.root = Path(cache_dir)
+        self.namespace = namespace
+        self.min_free_bytes = int(min_free_bytes)
+        (self.root / _LOCKS).mkdir(parents=True, exist_ok=True)
+
+    def acquire(self, relpath: str, size: int, download: Callable[[BinaryIO], None]) -> CachePin:
+        """Return a pin on the cached copy of ``relpath``, downloading it first if needed.
+
+        ``download`` writes the file's bytes into the given binary file. A cached copy is
+        reused when its size equals ``size``.
+        """
+        target = self._target(relpath)
+        for _ in range(_ATTEMPTS):
+            pin = self._try_pin(target, size)
+            if pin is not None:
+                return pin
+            with self._flock(self._lock_path(relpath)):
+                # Another process may have fetched it while this one waited for the lock.
+                pin = self._try_pin(target, size)
+                if pin is not None:
+                    return pin
+                self._download(target, size, download)
+        raise CacheFullError(
+            f"{relpath!r} was evicted again right after download {_ATTEMPTS} times; the cache "
+            f"under {self.root} is too small for the files in use (min_free_bytes="
+            f"{self.min_free_bytes})"
+        )
+
+    def _target(self, relpath: str) -> Path:
+        parts = [p for p in self.namespace.split("/") if p] + relpath.split("/")
+        if not relpath or any(p in ("", ".", "..") or p.startswith(".") for p in parts):
+            raise VolumeReadError(f"refusing to cache unsafe relative path {relpath!r}")
+        return self.root.joinpath(*parts)
+
+    def _lock_path(self, relpath: str) -> Path:
+        key = f"{self.namespace}\0{relpath}".encode()
+        return self.root / _LOCKS / (sha1(key).hexdigest() + ".lock")
+
+    @staticmethod
+    @contextmanager
+    def _flock(path: Path) -> Iterator[None]:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _try_pin(target: Path, size: int) -> CachePin | None:
+        try:
+            fd = os.open(target, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            st = os.fstat(fd)
+            # An evictor may have unlinked (or a downloader replaced) the name before the lock.
+            if st.st_size != size or os.stat(target).st_ino != st.st_ino:
+                os.close(fd)
+                return None
+        except FileNotFoundError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.utime(target)  # mtime is the LRU clock
+        return CachePin(target, fd)
+
+    def _download(self, target: Path, size: int, download: Callable[[BinaryIO], None]) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        with self._flock(self.root / _LOCKS / "evict.lock"):
+            self._make_room(size)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                _reserve(fd, size)
+            except BaseException:
+                os.close(fd)
+                tmp.unlink(missing_ok=True)
+                raise
+        try:
+            with os.fdopen(fd, "wb") as out:
+                download(out)
+                out.truncate()
+                out.flush()
+                os.fsync(out.fileno())
+                written = out.tell()
+            if written != size:
+                raise VolumeReadError(
+                    f"{target.name}: read {written} bytes but the volume listed {size}; the file "
+                    "changed after the dataset listed the volume"
+                )
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CacheFullError(f"disk full while caching {target}: {exc}") from exc
+            raise
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def free_bytes(self) -> int:
+        """Free bytes (for unprivileged users) on the cache's file system."""
+        return shutil.disk_usage(self.root).free
+
+    def _make_room(self, size: int) -> None:
+        if self.free_bytes() - size >= self.min_free_bytes:
+            return
+        for path in self._eviction_candidates():
+            if _evict(path) and self.free_bytes() - size >= self.min_free_bytes:
+                return
+        raise CacheFullError(
+            f"cannot cache {size} bytes under {self.root}: {self.free_bytes()} bytes free and "
+            f"min_free_bytes={self.min_free_bytes}, and every cached file is in use"
+        )
+
+    def _eviction_candidates(self) -> list[Path]:
+        """Cached files, least recently used first; also removes temp files of dead processes."""
+        found: list[tuple[float, Path]] = []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames[:] = [d for d in dirnames if d != _LOCKS]
+            for name in filenames:
+                path = Path(dirpath) / name
+                if name.startswith("."):
+                    _remove_orphan_tmp(path)
+                    continue
+                try:
+                    found.append((path.stat().st_mtime, path))
+                except FileNotFoundError:
+                    continue
+        found.sort(key=lambda item: item[0])
+        return [path for _, path in found]
+
+
+def _reserve(fd: int, size: int) -> None:
+    if size <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CacheFullError(f"no space to reserve {size} bytes in the cache: {exc}") from exc
+        # File systems without fallocate: the download still works, only without reservation.
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+
+
+def _evict(path: Path) -> bool:
+    """Delete ``path`` unless a reader pins it; True when it was deleted."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(path).st_ino != os.fstat(fd).st_ino:
+            return False
+        path.unlink()
+        return True
+    except (BlockingIOError, FileNotFoundError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def _remove_orphan_tmp(path: Path) -> None:
+    parts = path.name.split(".")
+    # Temp names are ".<name>.<pid>.<token>.tmp"; anything else hidden is left alone.
+    if len(parts) < 4 or parts[-1] != "tmp" or not parts[-3].isdigit():
+        return
+    try:
+        os.kill(int(parts[-3]), 0)
+    except ProcessLookupError:
+        path.unlink(missing_ok=True)
+    except PermissionError:
+        pass

@@ -1,0 +1,145 @@
+"""``torch.distributed.checkpoint`` storage over fsspec URLs with local staging and an atomic,
+last-step ``.metadata`` publish.
+
+Built on torch's ``FsspecWriter`` / ``FsspecReader`` (and so ``FileSystemWriter``: planning,
+shard files, ``dcp.async_save`` staging). Only the byte transport is replaced:
+
+* every file is written to local disk first and uploaded when complete (local destinations get
+  a temp name in the same directory and ``os.replace``), so no reader sees a torn shard;
+* ``write_data`` returns after its uploads finished, and DCP runs ``finish`` on the coordinator
+  only after every rank's ``write_data`` result arrived; ``finish`` uploads ``.metadata.tmp`` and
+  renames it to ``.metadata`` (``os.rename`` locally, a single-object copy on object stores), so
+  ``.metadata`` appears last and whole;
+* the coordinator deletes a stale ``.metadata`` before any shard is overwritten, so a directory
+  being re-written never looks complete.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import tempfile
+from collections.abc import Generator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from fsspec.core import url_to_fs
+from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _TorchFsspecFileSystem
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan
+
+from serverless_gpu.data._fs import is_local
+from serverless_gpu.data.errors import IncompleteCheckpointError
+
+__all__ = ["METADATA", "UCVolumeReader", "UCVolumeWriter", "VolumeReader", "VolumeWriter"]
+
+METADATA = ".metadata"
+
+
+class _StagedFileSystem(_TorchFsspecFileSystem):
+    """torch's fsspec file system, writing through local staging and remembering
+    ``storage_options`` (torch's ``reset(checkpoint_id)`` re-inits the path without them)."""
+
+    def __init__(self, storage_options: dict[str, Any], staging_dir: str | None) -> None:
+        super().__init__()
+        self.storage_options = dict(storage_options)
+        self.staging_dir = staging_dir
+
+    def init_path(self, path: str | os.PathLike[str], **kwargs: Any) -> str | os.PathLike[str]:
+        self.fs, _ = url_to_fs(os.fspath(path), **(kwargs or self.storage_options))
+        return path
+
+    @contextmanager
+    def create_stream(
+        self, path: str | os.PathLike[str], mode: str
+    ) -> Generator[io.IOBase, None, None]:
+        if not any(flag in mode for flag in "wax+"):
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        assert self.fs is not None
+        if is_local(self.fs):
+            final = Path(self.fs._strip_protocol(os.fspath(path)))
+            staged = final.with_name(f".{final.name}.{secrets.token_hex(4)}.part")
+        else:
+            staging = self.staging_dir or tempfile.gettempdir()
+            os.makedirs(staging, exist_ok=True)
+            staged = Path(staging) / f"dcp-{os.getpid()}-{secrets.token_hex(8)}.part"
+        try:
+            with open(staged, mode) as stream:
+                yield stream  # type: ignore[misc]
+            if is_local(self.fs):
+                os.replace(staged, final)
+            else:
+                self.fs.put_file(os.fspath(staged), os.fspath(path))
+        finally:
+            staged.unlink(missing_ok=True)
+
+
+class VolumeWriter(FsspecWriter):
+    """DCP ``StorageWriter`` for a directory or fsspec URL; use with ``dcp.save`` /
+    ``dcp.async_save``. A checkpoint directory is complete iff it has ``.metadata``.
+
+    Args:
+        path: checkpoint directory (``/ckpt/step_000100``, ``s3://bucket/run/step_000100``).
+        storage_options: fsspec options (e.g. ``{"endpoint_url": ...}``).
+        staging_dir: local directory for shards before upload (default: the temp dir).
+        **kwargs: torch ``FileSystemWriter`` options (``thread_count``, ``overwrite``...).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        storage_options: dict[str, Any] | None = None,
+        staging_dir: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        options = dict(storage_options or {})
+        super().__init__(path, **kwargs, **options)
+        staging = os.fspath(staging_dir) if staging_dir is not None else None
+        # torch annotates ``fs`` with its local FileSystem although FsspecWriter stores its own.
+        self.fs = _StagedFileSystem(options, staging)  # type: ignore[assignment]
+        self.path = self.fs.init_path(path)
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Coordinator step after every rank planned and before any rank writes: unpublish a
+        stale ``.metadata`` so a half-overwritten directory is never taken as complete."""
+        stale = self.fs.concat_path(self.path, METADATA)
+        if self.fs.exists(stale):
+            self.fs.rm_file(stale)
+        return super().prepare_global_plan(plans)
+
+
+class VolumeReader(FsspecReader):
+    """DCP ``StorageReader`` for a checkpoint written by :class:`VolumeWriter` (``dcp.load``).
+
+    Raises :class:`IncompleteCheckpointError` when the directory has no ``.metadata``.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None
+    ) -> None:
+        options = dict(storage_options or {})
+        super().__init__(path, **options)
+        self.fs = _StagedFileSystem(options, None)  # type: ignore[assignment]
+        self.path = self.fs.init_path(path)
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """Read ``.metadata``; a missing one means the save never completed."""
+        metadata_path = self._get_metadata_path(kwargs.get("rank"))
+        if not self.fs.exists(metadata_path):
+            raise IncompleteCheckpointError(
+                f"{os.fspath(self.path)} has no {METADATA}: the checkpoint is incomplete "
+                "(a save was interrupted) or does not exist"
+            )
+        return super().read_metadata(*args, **kwargs)
+
+
+UCVolumeWriter = VolumeWriter
+"""Alias for code migrating from the original product."""
+UCVolumeReader = VolumeReader
+"""Alias for code migrating from the original product."""

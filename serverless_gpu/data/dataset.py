@@ -1,0 +1,260 @@
+"""``VolumeDataset``: stream the files of a volume through a local cache, sharded by rank and
+DataLoader worker, resumable mid-epoch."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import deque
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from serverless_gpu.data._fs import resolve
+from serverless_gpu.data.cache import CachePin, LocalCache, default_cache_dir
+from serverless_gpu.data.errors import EmptyVolumeError, PositionUnknownError
+from serverless_gpu.data.listing import VolumeFile, copy_file, list_volume
+from serverless_gpu.data.position import Fingerprint, Position
+from serverless_gpu.data.prefetch import prefetched
+from serverless_gpu.data.sharding import (
+    Balance,
+    ResumePlan,
+    batches_for,
+    epoch_order,
+    rank_share,
+    resume_plan,
+    worker_share,
+)
+from serverless_gpu.data.topology import resolve_topology
+
+__all__ = ["UCVolumeDataset", "VolumeDataset"]
+
+T = TypeVar("T")
+
+
+class VolumeDataset(IterableDataset[T]):
+    """Iterate over the files of a volume directory, each copied to a node-local cache first.
+
+    Yields the cached file's local path (``str``), or ``transform(local_path)`` when a
+    ``transform`` is given (it runs in the DataLoader worker, after which the file may be
+    evicted). The file list is taken once, at construction, sorted by relative path.
+
+    Sharding: the epoch order is dealt to ranks (``order[rank::world_size]``) and each rank's
+    share to DataLoader workers (``share[worker::num_workers]``); no ``DistributedSampler`` is
+    needed. All ranks must use the same ``batch_size`` and ``num_workers`` so they run the same
+    number of steps. ``balance`` ("pad", "drop" or "none") handles a file count that is not a
+    multiple of ``world_size`` (see :func:`serverless_gpu.data.sharding.rank_share`).
+
+    Position: iterate through :class:`~serverless_gpu.data.VolumeDataLoader` (or
+    :meth:`loader`) and :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch with the
+    same remaining batches in the same order.
+
+    Args:
+        path: directory or fsspec URL (``/data``, ``file://``, ``s3://bucket/prefix``...).
+        cache_dir: node-local cache directory shared by all processes of the node
+            (default ``$SERVERLESS_GPU_CACHE_DIR`` or ``~/.cache/serverless_gpu/volumes``).
+        recursive: list sub-directories too.
+        glob: ``fnmatch`` pattern on the relative path.
+        transform: turns a local path into the yielded item.
+        shuffle, seed: per-epoch permutation seeded by ``(seed, epoch)``; see :meth:`set_epoch`.
+        balance: how uneven file counts are split between ranks.
+        prefetch: files downloaded ahead by background threads, per DataLoader worker.
+        min_free_bytes: free-disk floor kept on the cache's file system by LRU eviction
+            (default 1 GiB).
+        pin_window: without ``transform``, the last ``pin_window`` yielded paths of a worker
+            are protected from eviction (later ones may be evicted under disk pressure).
+        storage_options: passed to fsspec (e.g. ``{"endpoint_url": ...}`` for S3).
+        rank, world_size: override the topology read from ``torch.distributed`` / env vars.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        cache_dir: str | os.PathLike[str] | None = None,
+        *,
+        recursive: bool = False,
+        glob: str | None = None,
+        transform: Callable[[str], T] | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        balance: Balance = "pad",
+        prefetch: int = 4,
+        min_free_bytes: int = 1 << 30,
+        pin_window: int = 16,
+        storage_options: dict[str, Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.url = os.fspath(path)
+        self.storage_options = dict(storage_options or {})
+        self.files: list[VolumeFile] = list_volume(
+            self.url, recursive=recursive, glob=glob, storage_options=self.storage_options
+        )
+        fs, root = resolve(self.url, self.storage_options)
+        identity = repr((fs.unstrip_protocol(root), sorted(self.storage_options.items())))
+        namespace = hashlib.sha256(identity.encode()).hexdigest()[:16]
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self._cache_namespace = namespace
+        self.transform = transform
+        self.shuffle = shuffle
+        self.seed = seed
+        self.balance: Balance = balance
+        self.prefetch = prefetch
+        self.min_free_bytes = min_free_bytes
+        self.pin_window = pin_window
+        self._explicit_topology = (rank, world_size)
+        self._topology = resolve_topology(*self._explicit_topology)
+        self._position = Position()
+        self._hold_epoch = False
+        self._tracked = False
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return self._position.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (and so the shuffle order) of the next iteration.
+
+        A different epoch starts from its first batch; the current epoch keeps its position, so
+        the usual ``set_epoch`` call after :meth:`load_state_dict` does not lose the restored
+        position. An epoch that was fully consumed is followed by ``epoch + 1`` automatically
+        when the loader is iterated again without a ``set_epoch`` call.
+        """
+        if epoch != self._position.epoch:
+            self._position = Position(epoch=epoch)
+        self._hold_epoch = True
+
+    def loader(self, **dataloader_kwargs: Any) -> Any:
+        """A :class:`~serverless_gpu.data.VolumeDataLoader` over this dataset."""
+        from serverless_gpu.data.loader import VolumeDataLoader
+
+        return VolumeDataLoader(self, **dataloader_kwargs)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's position: epoch and batches delivered by the ``VolumeDataLoader``."""
+        if not self._tracked:
+            raise PositionUnknownError(
+                "the position is tracked by VolumeDataLoader; iterate with dataset.loader(...)"
+            )
+        return self._position.to_state(self._fingerprint())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a position saved by :meth:`state_dict` on the same rank of the same job."""
+        self._position = Position.from_state(state, self._fingerprint())
+        self._hold_epoch = False
+
+    def epoch_batches(self, *, batch_size: int | None, drop_last: bool, num_workers: int) -> int:
+        """Number of batches this rank's loader delivers in a full epoch."""
+        workers = max(1, num_workers)
+        share = self._rank_share()
+        return sum(
+            batches_for(
+                len(worker_share(share, worker=w, num_workers=workers)), batch_size, drop_last
+            )
+            for w in range(workers)
+        )
+
+    def __iter__(self) -> Iterator[T]:
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        if info is None:
+            self._topology = resolve_topology(*self._explicit_topology)
+        share = self._rank_share()
+        plan = ResumePlan(skip=(0,) * workers, first=0)
+        if self._position.batches_consumed:
+            plan = resume_plan(
+                [len(worker_share(share, worker=w, num_workers=workers)) for w in range(workers)],
+                batch_size=self._position.batch_size,
+                drop_last=self._position.drop_last,
+                batches_consumed=self._position.batches_consumed,
+            )
+        # Rotating the streams makes the resumed DataLoader's round-robin continue in order.
+        source = (plan.first + worker) % workers
+        mine = worker_share(share, worker=source, num_workers=workers)[plan.skip[source] :]
+        return self._read(mine)
+
+    def _read(self, indices: list[int]) -> Iterator[Any]:
+        cache = LocalCache(
+            self.cache_dir, namespace=self._cache_namespace, min_free_bytes=self.min_free_bytes
+        )
+        recent: deque[CachePin] = deque()
+
+        def fetch(index: int) -> CachePin:
+            file = self.files[index]
+            return cache.acquire(file.relpath, file.size, partial(self._copy, file.relpath))
+
+        try:
+            for pin in prefetched(indices, fetch, depth=self.prefetch, release=CachePin.close):
+                if self.transform is not None:
+                    with pin:
+                        item: Any = self.transform(str(pin.path))
+                else:
+                    item = str(pin.path)
+                    recent.append(pin)
+                    while len(recent) > self.pin_window:
+                        recent.popleft().close()
+                yield item
+        finally:
+            for pin in recent:
+                pin.close()
+
+    def _copy(self, relpath: str, out: BinaryIO) -> None:
+        copy_file(self.url, relpath, out, storage_options=self.storage_options)
+
+    def _rank_share(self) -> list[int]:
+        rank, world_size = self._topology
+        order = epoch_order(
+            len(self.files), epoch=self._position.epoch, seed=self.seed, shuffle=self.shuffle
+        )
+        return rank_share(order, rank=rank, world_size=world_size, balance=self.balance)
+
+    def _fingerprint(self) -> Fingerprint:
+        names = "\n".join(f.relpath for f in self.files).encode()
+        rank, world_size = self._topology
+        return Fingerprint(
+            num_files=len(self.files),
+            files_digest=hashlib.sha256(names).hexdigest(),
+            shuffle=self.shuffle,
+            seed=self.seed,
+            balance=self.balance,
+            rank=rank,
+            world_size=world_size,
+        )
+
+    # Hooks for VolumeDataLoader, which runs in the training process and counts batches.
+    def _begin_iteration(
+        self, *, batch_size: int | None, drop_last: bool, num_workers: int
+    ) -> None:
+        self._tracked = True
+        self._topology = resolve_topology(*self._explicit_topology)
+        workers = max(1, num_workers)
+        position = self._position
+        position.check_loader(batch_size=batch_size, drop_last=drop_last, num_workers=workers)
+        total = self.epoch_batches(batch_size=batch_size, drop_last=drop_last, num_workers=workers)
+        if total == 0:
+            rank, world_size = self._topology
+            raise EmptyVolumeError(
+                f"rank {rank} of {world_size} gets no batch from {len(self.files)} files "
+                f"(balance={self.balance!r}, batch_size={batch_size}, drop_last={drop_last})"
+            )
+        if position.batches_consumed >= total and not self._hold_epoch:
+            position = self._position = Position(epoch=position.epoch + 1)
+        position.batch_size = batch_size
+        position.drop_last = drop_last
+        position.num_workers = workers
+        self._hold_epoch = False
+
+    def _count_batch(self) -> None:
+        self._position.batches_consumed += 1
+
+    def _mark_tracked(self) -> None:
+        self._tracked = True
+
+
+UCVolumeDataset = VolumeDataset
+"""Alias for code migrating from the original product's ``UCVolumeDataset``."""

@@ -1,0 +1,53 @@
+"""Exceptions raised by :mod:`serverless_gpu.data`.
+
+Every error derives from :class:`VolumeError` so callers can catch the whole family with one
+``except``. The classes take a single message argument on purpose: DataLoader workers re-raise
+exceptions in the main process by calling ``type(exc)(message)``, which must keep working.
+"""
+
+from __future__ import annotations
+
+from ..errors import DistributedError
+
+__all__ = [
+    "CacheFullError",
+    "CheckpointMismatchError",
+    "EmptyVolumeError",
+    "IncompleteCheckpointError",
+    "PositionUnknownError",
+    "VolumeError",
+    "VolumeNotFoundError",
+    "VolumeReadError",
+]
+
+
+class VolumeError(DistributedError):
+    """Base class of every error raised by ``serverless_gpu.data``."""
+
+
+class VolumeNotFoundError(VolumeError):
+    """The volume path does not exist or is not a directory."""
+
+
+class EmptyVolumeError(VolumeError):
+    """The volume exists but no file matched the listing options."""
+
+
+class VolumeReadError(VolumeError):
+    """A file of the volume could not be read or copied into the local cache."""
+
+
+class CacheFullError(VolumeError):
+    """The local cache cannot make room for a file without crossing ``min_free_bytes``."""
+
+
+class PositionUnknownError(VolumeError):
+    """``state_dict()`` was asked for a position that no ``VolumeDataLoader`` tracked."""
+
+
+class IncompleteCheckpointError(VolumeError):
+    """A checkpoint directory has no ``.metadata``: it was never completely published."""
+
+
+class CheckpointMismatchError(VolumeError):
+    """A checkpoint or dataset state does not fit the job that tries to resume from it."""

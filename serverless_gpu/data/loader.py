@@ -1,0 +1,67 @@
+"""``VolumeDataLoader``: a ``DataLoader`` that records how many batches reached the loop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from serverless_gpu.data.dataset import VolumeDataset
+from serverless_gpu.data.sharding import epoch_seed
+
+__all__ = ["VolumeDataLoader"]
+
+
+class VolumeDataLoader(DataLoader[Any]):
+    """A :class:`torch.utils.data.DataLoader` over a :class:`VolumeDataset` that tracks position.
+
+    Every batch handed to the training loop increments the dataset's position, so
+    ``dataset.state_dict()`` taken between steps says exactly which batches were consumed.
+    Worker seeds come from a private generator seeded by ``(dataset.seed, epoch)`` unless a
+    ``generator`` is passed. Options that would make the delivery order non-deterministic or
+    keep stale dataset copies in workers (``persistent_workers=True``, ``in_order=False``, a
+    ``sampler``) are refused.
+    One iterator at a time per loader.
+    """
+
+    def __init__(self, dataset: VolumeDataset[Any], **kwargs: Any) -> None:
+        if not isinstance(dataset, VolumeDataset):
+            raise TypeError(f"VolumeDataLoader needs a VolumeDataset, got {type(dataset).__name__}")
+        for name, allowed in (("persistent_workers", False), ("in_order", True)):
+            if kwargs.get(name, allowed) != allowed:
+                raise ValueError(f"VolumeDataLoader does not support {name}={kwargs[name]!r}")
+        for name in ("sampler", "batch_sampler", "shuffle"):
+            if kwargs.get(name) not in (None, False):
+                raise ValueError(f"{name} does not apply: VolumeDataset shards and shuffles itself")
+        # A private generator keeps worker seeding off the global RNG, so creating an iterator
+        # (e.g. when resuming mid-epoch) does not shift the training loop's random numbers.
+        self._owns_generator = kwargs.get("generator") is None
+        if self._owns_generator:
+            kwargs["generator"] = torch.Generator()
+        super().__init__(dataset, **kwargs)
+        dataset._mark_tracked()
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        dataset = self.dataset
+        assert isinstance(dataset, VolumeDataset)
+        dataset._begin_iteration(
+            batch_size=self.batch_size, drop_last=self.drop_last, num_workers=self.num_workers
+        )
+        if self._owns_generator and self.generator is not None:
+            self.generator.manual_seed(epoch_seed(dataset.seed, dataset.epoch))
+        return self._counted(dataset)
+
+    def _counted(self, dataset: VolumeDataset[Any]) -> Iterator[Any]:
+        batches = super().__iter__()
+        try:
+            for batch in batches:
+                dataset._count_batch()
+                yield batch
+        finally:
+            # An exception's traceback keeps the DataLoader iterator (and so its worker
+            # processes) alive; stop the workers now rather than whenever it is collected.
+            shutdown = getattr(batches, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()

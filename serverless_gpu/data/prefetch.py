@@ -1,0 +1,53 @@
+"""Fetch the next few items on background threads while the caller computes."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+__all__ = ["prefetched"]
+
+K = TypeVar("K")
+R = TypeVar("R")
+
+
+def prefetched(
+    keys: Iterable[K],
+    fetch: Callable[[K], R],
+    *,
+    depth: int,
+    release: Callable[[R], None],
+) -> Iterator[R]:
+    """Yield ``fetch(key)`` for every key, in order, keeping ``depth`` fetches in flight.
+
+    Results fetched ahead but never yielded (the consumer stopped early or a fetch failed) are
+    handed to ``release`` so resources such as cache pins are not leaked. ``depth <= 0`` fetches
+    synchronously.
+    """
+    if depth <= 0:
+        for key in keys:
+            yield fetch(key)
+        return
+    remaining = iter(keys)
+    pending: deque[Future[R]] = deque()
+    pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="volume-prefetch")
+    try:
+        for key in remaining:
+            pending.append(pool.submit(fetch, key))
+            if len(pending) >= depth:
+                break
+        while pending:
+            result = pending.popleft().result()
+            for key in remaining:
+                pending.append(pool.submit(fetch, key))
+                break
+            yield result
+    finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True)
+        for future in pending:
+            if not future.cancelled() and future.exception() is None:
+                release(future.result())

@@ -1,0 +1,131 @@
+"""VolumeWriter / VolumeReader with dcp.save, dcp.async_save and dcp.load; checkpoint
+discovery; the single-process training-state round trip; partial checkpoints."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from data_support import Storage
+
+from serverless_gpu.data import (
+    IncompleteCheckpointError,
+    VolumeDataset,
+    VolumeReader,
+    VolumeWriter,
+    checkpoint_path,
+    is_complete,
+    latest_checkpoint,
+    load_training_state,
+    save_training_state,
+)
+
+
+def state(seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(64, 8, generator=generator), "b": torch.randn(8, generator=generator)}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("use_async", [False, True])
+def test_save_load_roundtrip_and_layout(storage: Storage, tmp_path: Path, use_async: bool) -> None:
+    path = storage.url("ckpt", "step_000000001")
+    staging = tmp_path / "staging"
+    writer = VolumeWriter(path, storage_options=storage.storage_options, staging_dir=staging)
+    if use_async:
+        dcp.async_save(state(1), storage_writer=writer).result()
+    else:
+        dcp.save(state(1), storage_writer=writer)
+    assert storage.ls_names("ckpt/step_000000001") == {".metadata", "__0_0.distcp"}
+    assert not staging.exists() or list(staging.iterdir()) == []  # staged files are cleaned up
+
+    loaded = {k: torch.zeros_like(v) for k, v in state(0).items()}
+    dcp.load(loaded, storage_reader=VolumeReader(path, storage_options=storage.storage_options))
+    assert all(torch.equal(loaded[k], v) for k, v in state(1).items())
+
+    # Overwriting a complete checkpoint keeps it loadable and holds the new values.
+    dcp.save(state(2), storage_writer=VolumeWriter(path, storage_options=storage.storage_options))
+    dcp.load(loaded, storage_reader=VolumeReader(path, storage_options=storage.storage_options))
+    assert all(torch.equal(loaded[k], v) for k, v in state(2).items())
+
+
+def test_latest_checkpoint_skips_partial_and_orders_by_step(storage: Storage) -> None:
+    root, opts = storage.url("run"), storage.storage_options
+    assert latest_checkpoint(root, opts) is None  # no root yet: nothing to resume
+    for step in (2, 10, 9):
+        dcp.save(
+            state(step),
+            storage_writer=VolumeWriter(checkpoint_path(root, step), storage_options=opts),
+        )
+    storage.write("run/step_000000011/__0_0.distcp", b"shard of an interrupted save")
+    storage.write("run/manual/.metadata", b"an unnumbered name ranks below numbered ones")
+    assert not is_complete(checkpoint_path(root, 11), opts)
+    assert latest_checkpoint(root, opts) == checkpoint_path(root, 10)
+
+    with pytest.raises(IncompleteCheckpointError):
+        VolumeReader(checkpoint_path(root, 11), storage_options=opts).read_metadata()
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(IncompleteCheckpointError):
+        load_training_state(checkpoint_path(root, 11), model=model, storage_options=opts)
+
+
+def test_unnumbered_checkpoints_order_by_metadata_mtime(storage: Storage) -> None:
+    root, opts = storage.url("runs"), storage.storage_options
+    dcp.save(state(0), storage_writer=VolumeWriter(f"{root}/zeta", storage_options=opts))
+    time.sleep(1.1 if storage.kind == "s3" else 0.05)  # S3 LastModified: 1 s resolution
+    dcp.save(state(0), storage_writer=VolumeWriter(f"{root}/alpha", storage_options=opts))
+    assert latest_checkpoint(root, opts) == f"{root}/alpha"
+
+
+@pytest.mark.timeout(60)
+def test_training_state_roundtrip_single_process(storage: Storage, tmp_path: Path) -> None:
+    for i in range(6):
+        storage.write(f"vol/{i}.bin", bytes([i]) * 4)
+    opts = storage.storage_options
+
+    def setup() -> tuple[torch.nn.Module, torch.optim.Optimizer, VolumeDataset[str]]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optim = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        dataset: VolumeDataset[str] = VolumeDataset(
+            storage.url("vol"), tmp_path / "cache", shuffle=True, storage_options=opts
+        )
+        return model, optim, dataset
+
+    model, optim, dataset = setup()
+    model(torch.randn(3, 4)).sum().backward()
+    optim.step()
+    iterator = iter(dataset.loader(batch_size=2))
+    next(iterator)
+    path = checkpoint_path(storage.url("ckpt"), 7)
+    save_training_state(
+        path,
+        model=model,
+        optimizer=optim,
+        dataset=dataset,
+        step=7,
+        extra={"note": "hi"},
+        storage_options=opts,
+    )
+    expected_rand = torch.rand(3)
+    expected_rest = [p for batch in iterator for p in batch]
+
+    model2, optim2, dataset2 = setup()
+    restored = load_training_state(
+        path, model=model2, optimizer=optim2, dataset=dataset2, storage_options=opts
+    )
+    assert (restored.step, restored.extra) == (7, {"note": "hi"})
+    assert torch.equal(torch.rand(3), expected_rand)  # RNG restored
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), model2.state_dict().values(), strict=True)
+    )
+    momentum = [optim2.state[p]["momentum_buffer"] for p in model2.parameters()]
+    assert all(
+        torch.equal(a, optim.state[p]["momentum_buffer"])
+        for a, p in zip(momentum, model.parameters(), strict=True)
+    )
+    assert [p for batch in dataset2.loader(batch_size=2) for p in batch] == expected_rest

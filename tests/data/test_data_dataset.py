@@ -1,0 +1,142 @@
+"""VolumeDataset listing, caching, transforms, position bookkeeping and bad input, against a
+local directory and the moto S3 server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from data_support import Storage
+
+from serverless_gpu.data import (
+    CheckpointMismatchError,
+    EmptyVolumeError,
+    PositionUnknownError,
+    VolumeDataset,
+    VolumeError,
+    VolumeNotFoundError,
+    VolumeReadError,
+    list_volume,
+)
+
+
+def make(storage: Storage, tmp_path: Path, relpath: str = "vol", **kwargs: object) -> VolumeDataset:
+    kwargs.setdefault("min_free_bytes", 0)
+    return VolumeDataset(
+        storage.url(relpath), tmp_path / "cache", storage_options=storage.storage_options, **kwargs
+    )
+
+
+def fill(storage: Storage, count: int, relpath: str = "vol") -> list[str]:
+    names = [f"item_{i:02d}.txt" for i in range(count)]
+    for name in names:
+        storage.write(f"{relpath}/{name}", f"payload {name}".encode())
+    return names
+
+
+def test_listing_sorted_recursive_glob_and_hidden(storage: Storage) -> None:
+    for rel in ["b.bin", "a.bin", "c.txt", "sub/d.bin", "sub/deeper/e.bin", ".hidden.bin"]:
+        storage.write(f"vol/{rel}", b"x" * len(rel))
+    url, opts = storage.url("vol"), storage.storage_options
+    flat = list_volume(url, storage_options=opts)
+    assert [f.relpath for f in flat] == ["a.bin", "b.bin", "c.txt"]
+    assert [f.size for f in flat] == [5, 5, 5]
+    deep = list_volume(url, recursive=True, glob="*.bin", storage_options=opts)
+    assert [f.relpath for f in deep] == ["a.bin", "b.bin", "sub/d.bin", "sub/deeper/e.bin"]
+
+
+def test_missing_and_empty_volumes_are_clear_errors(storage: Storage, tmp_path: Path) -> None:
+    with pytest.raises(VolumeNotFoundError):
+        make(storage, tmp_path, "does-not-exist")
+    fill(storage, 2)
+    with pytest.raises(EmptyVolumeError):
+        make(storage, tmp_path, glob="*.nothing")
+    if storage.kind == "local":  # object stores have no empty directories
+        (Path(storage.root) / "empty").mkdir()
+        with pytest.raises(EmptyVolumeError):
+            make(storage, tmp_path, "empty")
+    assert issubclass(EmptyVolumeError, VolumeError)
+
+
+@pytest.mark.timeout(60)
+def test_yields_cached_paths_and_transformed_items(storage: Storage, tmp_path: Path) -> None:
+    names = fill(storage, 5)
+    paths = list(make(storage, tmp_path))
+    assert [os.path.basename(p) for p in paths] == names
+    assert all(Path(p).is_relative_to(tmp_path / "cache") for p in paths)
+    assert [Path(p).read_bytes() for p in paths] == [f"payload {n}".encode() for n in names]
+
+    decoded = make(storage, tmp_path, transform=lambda p: Path(p).read_text().upper())
+    loader = decoded.loader(batch_size=2, num_workers=2)
+    got = sorted(item for batch in loader for item in batch)
+    assert got == sorted(f"PAYLOAD {n.upper()}" for n in names)
+
+    # The second pass is served from the cache: the volume can disappear meanwhile.
+    storage.fs.rm(storage.url("vol"), recursive=True)
+    again = sorted(item for batch in loader for item in batch)
+    assert again == got
+
+
+@pytest.mark.timeout(60)
+def test_unreadable_file_raises_through_dataloader_workers(
+    storage: Storage, tmp_path: Path
+) -> None:
+    names = fill(storage, 6)
+    dataset = make(storage, tmp_path)
+    storage.fs.rm(storage.url("vol", names[3]))  # listed, then gone: unreadable
+    with pytest.raises(VolumeReadError, match=names[3]):
+        for _ in dataset.loader(batch_size=1, num_workers=2):
+            pass
+
+
+def test_file_changed_after_listing_is_an_error(storage: Storage, tmp_path: Path) -> None:
+    names = fill(storage, 2)
+    dataset = make(storage, tmp_path)
+    storage.write(f"vol/{names[0]}", b"a different length now")
+    with pytest.raises(VolumeReadError):
+        list(dataset)
+
+
+def test_position_bookkeeping_errors(storage: Storage, tmp_path: Path) -> None:
+    fill(storage, 6)
+    dataset = make(storage, tmp_path, shuffle=True, seed=1)
+    with pytest.raises(PositionUnknownError):
+        dataset.state_dict()
+    loader = dataset.loader(batch_size=2)
+    iterator = iter(loader)
+    next(iterator)
+    state = dataset.state_dict()
+    assert (state["epoch"], state["batches_consumed"]) == (0, 1)
+    del iterator
+
+    with pytest.raises(CheckpointMismatchError):
+        make(storage, tmp_path, shuffle=True, seed=2).load_state_dict(state)
+    storage.write("vol/item_99.txt", b"new file")
+    with pytest.raises(CheckpointMismatchError):
+        make(storage, tmp_path, shuffle=True, seed=1).load_state_dict(state)
+
+    other = make(storage, tmp_path, shuffle=True, seed=1, glob="item_0*")
+    other.load_state_dict(state)
+    with pytest.raises(CheckpointMismatchError):  # a differently batched loader cannot resume
+        next(iter(other.loader(batch_size=3)))
+
+    with pytest.raises(ValueError):
+        dataset.loader(batch_size=2, num_workers=1, persistent_workers=True)
+
+
+def test_epochs_advance_instead_of_silently_empty(storage: Storage, tmp_path: Path) -> None:
+    fill(storage, 4)
+    dataset = make(storage, tmp_path, shuffle=True)
+    loader = dataset.loader(batch_size=2)
+    first = [p for b in loader for p in b]
+    second = [p for b in loader for p in b]  # no set_epoch: next epoch, not an empty one
+    assert dataset.epoch == 1
+    assert sorted(first) == sorted(second) and len(second) == 4
+
+
+def test_no_batch_for_a_rank_is_an_error(storage: Storage, tmp_path: Path) -> None:
+    fill(storage, 1)
+    dataset = make(storage, tmp_path, rank=1, world_size=2, balance="drop")
+    with pytest.raises(EmptyVolumeError):
+        next(iter(dataset.loader(batch_size=1)))
