@@ -1,0 +1,111 @@
+"""Words both renderers use: the header line, per-rank rows and the final summary."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from .ansi import strip_ansi
+from .runstate import RankView, RunView
+
+RANK_STATES = ("starting", "running", "done", "failed", "killed")
+_FINAL_WORDS = {
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "cancelled": "was cancelled",
+    "timed_out": "timed out",
+}
+
+
+def describe_value(value: Any) -> str:
+    """A short type-and-shape description: ``Tensor (2, 3) torch.float32``, ``list[4]``."""
+    kind = type(value).__name__
+    shape = getattr(value, "shape", None)
+    if shape is not None and not callable(shape):
+        try:
+            dims = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):  # symbolic or odd shapes: show them as they print
+            dims = None
+        dtype = getattr(value, "dtype", None)
+        return " ".join(filter(None, [kind, str(dims if dims is not None else shape), str(dtype)]))
+    if isinstance(value, (list, tuple, dict, set, frozenset)):
+        return f"{kind}[{len(value)}]"
+    if isinstance(value, (bool, int, float, complex)) or value is None:
+        return f"{kind} {value!r}"[:60]
+    return kind
+
+
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def rank_counts(view: RunView) -> str:
+    """``"1 running, 1 done"`` in lifecycle order."""
+    counts = Counter(rank.state for rank in view.ranks)
+    return ", ".join(f"{counts[s]} {s}" for s in RANK_STATES if counts[s])
+
+
+def hardware_label(view: RunView) -> str:
+    return f"{view.world_size} x {view.hardware}"
+
+
+def header_text(view: RunView, now: float | None = None) -> str:
+    words = _FINAL_WORDS.get(view.status, view.status)
+    return (
+        f"{view.name} on {hardware_label(view)}: {words} ({rank_counts(view)}), "
+        f"{seconds(view.elapsed(now))}"
+    )
+
+
+def rank_outcome(rank: RankView) -> str:
+    """What a rank ended with: its result's type, or why it failed or was stopped."""
+    if rank.state == "done":
+        return rank.result or "returned"
+    return rank.detail
+
+
+def summary_rows(view: RunView, now: float | None = None) -> list[tuple[str, str, str, str]]:
+    end = now or view.finished or time.time()
+    return [(str(r.rank), r.state, seconds(r.duration(end)), rank_outcome(r)) for r in view.ranks]
+
+
+def final_line(view: RunView) -> str:
+    words = _FINAL_WORDS.get(view.status, view.status)
+    text = f"run {words} after {seconds(view.elapsed())}"
+    return f"{text}: {view.message}" if view.message else text
+
+
+def summary_text(view: RunView) -> str:
+    """The final summary as an aligned plain-text table."""
+    rows = [("rank", "status", "time", "result / error"), *summary_rows(view)]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [f"{view.name}: {final_line(view)}"]
+    for row in rows:
+        cells = [row[i].ljust(widths[i]) for i in range(3)]
+        lines.append("  " + "  ".join([*cells, row[3]]).rstrip())
+    lines.append(f"  logs: {view.run_dir / 'logs'}")
+    return "\n".join(lines)
+
+
+def links_text(view: RunView) -> str:
+    return " ".join(f"{name}: {url}" for name, url in view.links.items())
+
+
+def snapshot_text(view: RunView, tail: int = 20) -> str:
+    """Header, each rank's last ``tail`` lines and (once finished) the summary, as plain text."""
+    lines = [header_text(view)]
+    if view.links:
+        lines.append(links_text(view))
+    for rank in view.ranks:
+        finished = [text for _stream, text in list(rank.lines)[-tail:]]
+        shown = finished + list(rank.provisional.values())
+        if rank.line_count > len(finished):
+            earlier = rank.line_count - len(finished)
+            lines.append(f"[rank {rank.rank}] ... ({earlier} earlier lines)")
+        lines.extend(f"[rank {rank.rank}] {strip_ansi(text)}" for text in shown)
+    if view.done:
+        lines.append(summary_text(view))
+    else:
+        lines.append(f"logs: {view.run_dir / 'logs'}")
+    return "\n".join(lines)

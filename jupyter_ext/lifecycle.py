@@ -1,0 +1,70 @@
+"""Loading, unloading, and tying the library's processes to the kernel's life.
+
+A kernel asked to shut down or restart sets ``shell.exit_now`` (ipykernel's ``do_shutdown``,
+on its control thread, while a cell may still be blocked in a run). Stopping the launcher right
+then ends the ranks, lets the blocked cell return, and the kernel exits promptly. A kernel that
+is killed outright is covered by the core: the launcher sees EOF on its socket and stops its
+ranks, and the ranks die with the launcher.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serverless_gpu.hooks import register_hook, unregister_hook
+
+from .hook import RENDER_HOOK_ORDER, render_run
+from .magics import DistributedMagics
+
+_MAGIC_NAMES = ("distributed",)
+
+
+class _Loaded:
+    """What one ``load`` registered, so ``unload`` can take back exactly that."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+
+    def install(self) -> None:
+        self.shell.register_magics(DistributedMagics)
+        register_hook(render_run, order=RENDER_HOOK_ORDER)
+        self.shell.observe(_stop_on_exit, names="exit_now")
+
+    def uninstall(self) -> None:
+        unregister_hook(render_run)
+        self.shell.unobserve(_stop_on_exit, names="exit_now")
+        cell_magics = self.shell.magics_manager.magics.get("cell", {})
+        for name in _MAGIC_NAMES:
+            cell_magics.pop(name, None)
+
+
+_loaded: _Loaded | None = None
+
+
+def load(shell: Any) -> None:
+    """Idempotent: ``%load_ext jupyter_ext`` and ``%load_ext serverless_gpu`` may both run."""
+    global _loaded
+    if _loaded is not None and _loaded.shell is shell:
+        return
+    if _loaded is not None:
+        _loaded.uninstall()
+    _loaded = _Loaded(shell)
+    _loaded.install()
+
+
+def unload(shell: Any) -> None:
+    global _loaded
+    if _loaded is not None:
+        _loaded.uninstall()
+        _loaded = None
+
+
+def is_loaded() -> bool:
+    return _loaded is not None
+
+
+def _stop_on_exit(change: dict[str, Any]) -> None:
+    if change["new"]:
+        import serverless_gpu
+
+        serverless_gpu.shutdown()

@@ -1,0 +1,144 @@
+"""Reusable argument groups for the magics, in IPython's ``magic_arguments`` style.
+
+``gpus=2 gpu_type=cpu`` (the decorator's keyword spelling) and ``--gpus 2 --gpu-type cpu`` are
+both accepted: ``key=value`` words are rewritten to options before parsing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import shlex
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import argument
+
+from serverless_gpu.console import OUTPUT_CHOICES
+from serverless_gpu.decorator import DEFAULT_TIMEOUT
+
+F = TypeVar("F", bound=Callable[..., Any])
+_KEY_VALUE = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)=(.*)$", re.DOTALL)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
+    return value
+
+
+def _timeout(text: str) -> float | None:
+    if text.lower() in ("none", "inf"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, not {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {text!r}")
+    return value
+
+
+def _identifier(text: str) -> str:
+    if not text.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid Python name")
+    return text
+
+
+def _apply(func: F, *decorators: Callable[[F], F]) -> F:
+    # magic_arguments collects arguments bottom-up; apply in reverse so help lists them in order.
+    for decorate in reversed(decorators):
+        func = decorate(func)
+    return func
+
+
+def placement_arguments(func: F) -> F:
+    """``--gpus`` and ``--gpu-type``: where the ranks run."""
+    return _apply(
+        func,
+        argument("--gpus", type=_positive_int, default=None, help="Ranks to start (one per GPU)."),
+        argument(
+            "--gpu-type",
+            "--gpu_type",
+            dest="gpu_type",
+            default=None,
+            help="Expected accelerator (H100, A100, ..., or cpu for CPU ranks).",
+        ),
+    )
+
+
+def run_arguments(func: F) -> F:
+    """``--timeout``, ``--name``, ``--no-tracking``, ``--output``: how the run goes and shows."""
+    return _apply(
+        func,
+        argument(
+            "--timeout",
+            type=_timeout,
+            default=DEFAULT_TIMEOUT,
+            help="Seconds before every rank is killed ('none' for no limit).",
+        ),
+        argument("--name", default=None, help="Run name (MLflow); defaults to the cell's name."),
+        argument(
+            "--no-tracking",
+            dest="tracking",
+            action="store_false",
+            help="Do not record this run in MLflow.",
+        ),
+        argument(
+            "--output",
+            choices=OUTPUT_CHOICES,
+            default="default",
+            help="Which rank output the text display prints.",
+        ),
+    )
+
+
+def result_arguments(func: F) -> F:
+    """``--out NAME``: bind the list of per-rank values to a notebook variable."""
+    return _apply(
+        func,
+        argument(
+            "--out",
+            "-o",
+            type=_identifier,
+            default=None,
+            help="Store the list of every rank's value in this variable.",
+        ),
+    )
+
+
+def normalize(line: str) -> list[str]:
+    """``gpus=2 gpu_type=cpu`` -> ``--gpus 2 --gpu_type cpu``; other words are kept."""
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:  # unbalanced quotes
+        raise UsageError(f"cannot split the arguments: {exc}") from None
+    out: list[str] = []
+    for word in words:
+        match = _KEY_VALUE.match(word)
+        if match and not word.startswith("-"):
+            out += [f"--{match.group(1)}", match.group(2)]
+        else:
+            out.append(word)
+    return out
+
+
+def parse(magic: Callable[..., Any], line: str) -> argparse.Namespace:
+    """Parse the magic's line; a mistake raises ``UsageError`` carrying the usage text."""
+    parser = magic.parser  # type: ignore[attr-defined]  # set by @magic_arguments
+    try:
+        args: argparse.Namespace = parser.parse_args(normalize(line))
+        return args
+    except UsageError as exc:
+        raise UsageError(f"{exc}\n\n{usage(magic)}") from None
+
+
+def usage(magic: Callable[..., Any]) -> str:
+    parser = getattr(magic, "parser", None)
+    return parser.format_usage().strip() if parser is not None else ""

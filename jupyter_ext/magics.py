@@ -1,0 +1,114 @@
+"""``%%distributed``: run a cell's body once per rank and get every rank's value back.
+
+    %%distributed gpus=2 gpu_type=cpu --out losses
+    import torch.distributed as dist
+    ...
+    loss.item()
+
+The body runs as the body of a function on every rank; it sees the notebook names it reads
+(copied at call time), and the value of its last expression comes back as a list in rank order.
+The magic only builds the function and calls the public API; the run hook draws it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import magic_arguments
+
+from serverless_gpu import ConfigurationError, DistributedConfig, DistributedFunction, RunResult
+from serverless_gpu.errors import RemoteError
+
+from . import magic_args
+from .cellfunc import build_cell_function
+from .formatting import describe_value
+from .hook import renderer_for
+
+
+@magics_class
+class DistributedMagics(Magics):
+    @cell_magic
+    @magic_arguments(name="%distributed")  # usage then reads "%%distributed"
+    @magic_args.placement_arguments
+    @magic_args.run_arguments
+    @magic_args.result_arguments
+    def distributed(self, line: str, cell: str) -> RunResult[Any] | None:
+        """Run this cell once per rank (one process per GPU) and return every rank's value.
+
+        ``key=value`` spellings work too: ``%%distributed gpus=2 gpu_type=cpu --out values``.
+        A trailing ``;`` on the last line suppresses the displayed list.
+        """
+        __tracebackhide__ = True  # IPython hides this frame: the user's error is what matters
+        shell = self.shell
+        assert shell is not None
+        args = magic_args.parse(self.distributed, line)
+        if not cell.strip():
+            raise UsageError(
+                f"the cell has no code to run on the ranks\n\n{magic_args.usage(self.distributed)}"
+            )
+        config = self._config(args)
+        count = _cell_number(shell)
+        cell_function = build_cell_function(
+            cell,
+            shell.user_ns,
+            name=f"cell_{count}",
+            filename=f"<%%distributed In[{count}]>",
+            first_line=2,
+            cell_text=f"%%distributed {line}\n{cell}",
+        )
+        function: DistributedFunction[[], Any] = DistributedFunction(cell_function, config)
+        try:
+            result = function.distributed()
+        except Exception as exc:
+            _report_error(exc)
+            _raise_without_local_frames(exc)
+        renderer = renderer_for(run_id=result.run_id)
+        if renderer is not None:
+            renderer.show_results([describe_value(v) for v in result])
+        if args.out:
+            shell.user_ns[args.out] = result
+        if cell_function.has_value and not cell.rstrip().endswith(";"):
+            return result
+        return None
+
+    def _config(self, args: Any) -> DistributedConfig:
+        try:
+            return DistributedConfig(
+                gpus=args.gpus,
+                gpu_type=args.gpu_type,
+                timeout=args.timeout,
+                output=args.output,
+                run_name=args.name,
+                tracking=args.tracking,
+                standby=False,  # a cell runs once: nothing to prepare ahead of it
+            )
+        except ConfigurationError as exc:
+            raise UsageError(f"{exc}\n\n{magic_args.usage(self.distributed)}") from None
+
+
+def _report_error(exc: BaseException) -> None:
+    """Name the failing rank's exception in the run's summary (events only say "raised")."""
+    rank = getattr(exc, "serverless_gpu_rank", None)
+    run_dir = getattr(exc, "serverless_gpu_run_dir", None)
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, RemoteError):
+        rank, run_dir = exc.rank, exc.run_dir
+        text = f"{exc.type_name}: {exc.remote_message}"
+    renderer = renderer_for(run_dir=run_dir) if run_dir is not None else None
+    if renderer is not None and isinstance(rank, int):
+        renderer.show_error(rank, text.splitlines()[0])
+
+
+def _raise_without_local_frames(exc: BaseException) -> NoReturn:
+    __tracebackhide__ = True
+    # The rank's traceback (exc.__cause__) and the rank note explain the failure; the frames
+    # of the launch machinery in this process would only bury them.
+    raise exc.with_traceback(None) from exc.__cause__
+
+
+def _cell_number(shell: Any) -> int:
+    """The ``In[n]`` of the running cell: IPython stores a cell's input before running it."""
+    history = getattr(shell.history_manager, "input_hist_raw", None)
+    return len(history) - 1 if history else int(shell.execution_count)

@@ -1,0 +1,95 @@
+"""Processing widget messages (the Cancel click) while a cell blocks in ``RunHandle.wait``.
+
+ipykernel handles a shell message only after the running cell returns, so a click would arrive
+after the run it wanted to stop. While a run waits, the renderer calls :meth:`UiPump.poll` from
+the handle's idle callbacks:
+
+* where the kernel still offers ``do_one_iteration`` (ipykernel 6 and early 7.x), through
+  ``jupyter_ui_poll``, which also postpones execute requests until the cell is over;
+* on ipykernel 7 releases without it (``jupyter_ui_poll`` then silently processes nothing), by
+  reading the main shell's inbound socket directly: comm messages are handled at once, anything
+  else is handed back to the kernel's own dispatcher, which runs it after the cell as it would
+  have anyway, in arrival order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_COMM_MESSAGES = frozenset({"comm_open", "comm_msg", "comm_close"})
+_MESSAGES_PER_POLL = 20
+
+
+class UiPump:
+    """Handles pending frontend messages for one run; a no-op outside a kernel's main thread."""
+
+    def __init__(self, shell: Any) -> None:
+        self._kernel = getattr(shell, "kernel", None)
+        self._poll: Callable[[], None] | None = None
+        self._closer: contextlib.ExitStack | None = None
+        self._broken = False
+
+    def poll(self) -> None:
+        if self._broken or self._kernel is None:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return  # the kernel's sockets belong to its main thread
+        try:
+            if self._poll is None:
+                self._poll = self._start()
+            self._poll()
+        except Exception:  # never let UI plumbing break the user's run; just stop pumping
+            self._broken = True
+            self.close()
+
+    def close(self) -> None:
+        if self._closer is not None:
+            self._closer.close()
+            self._closer = None
+        self._poll = None
+
+    def _start(self) -> Callable[[], None]:
+        kernel = self._kernel
+        if hasattr(kernel, "do_one_iteration"):
+            from jupyter_ui_poll import ui_events
+
+            self._closer = contextlib.ExitStack()
+            process = self._closer.enter_context(ui_events())
+            return lambda: process(_MESSAGES_PER_POLL)
+        return _ShellInbox(kernel).pump
+
+
+class _ShellInbox:
+    """The main shell's inbound socket, read between the waiting thread's slices."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        channel_thread = getattr(kernel, "shell_channel_thread", None)
+        if channel_thread is not None:
+            # ipykernel 7: a channel thread receives shell messages and forwards those for the
+            # main shell over an in-process pair that the (now blocked) main loop reads.
+            self.socket = channel_thread.manager.get_shell_channel_to_subshell_pair(None).to_socket
+        else:
+            self.socket = kernel.shell_stream.socket
+
+    def pump(self) -> None:
+        for _ in range(_MESSAGES_PER_POLL):
+            if not self.socket.poll(0):
+                return
+            self._handle(self.socket.recv_multipart(copy=False))
+
+    def _handle(self, frames: list[Any]) -> None:
+        session = self.kernel.session
+        idents, parts = session.feed_identities(frames, copy=False)
+        # Peek at the header only: a full read records the signature, and the kernel would
+        # then reject the message it is handed back as a replay.
+        msg_type = session.deserialize(parts, content=False, copy=False)["header"]["msg_type"]
+        handler = self.kernel.shell_handlers.get(msg_type)
+        if msg_type in _COMM_MESSAGES and handler is not None:
+            handler(self.kernel.shell_stream, idents, session.deserialize(parts, copy=False))
+        else:
+            # The kernel's own entry point queues it behind the running cell.
+            self.kernel.io_loop.add_callback(self.kernel.shell_main, None, frames)

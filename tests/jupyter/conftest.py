@@ -1,0 +1,63 @@
+"""Fixtures for the Jupyter extension tests: CPU mode, private run directories, test kernels
+without MLflow tracking, and a check that no test leaves a process behind."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from jupyter_helpers import Kernel, children, wait_gone, write_ipython_profile
+
+import serverless_gpu
+from serverless_gpu import hooks, tracking
+
+LEFTOVER_GRACE_S = 5.0
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes() -> Iterator[None]:
+    """Every test leaves no child process of its own behind (after a short grace period)."""
+    before = set(children())
+    yield
+    new = [p for pid, p in children().items() if pid not in before]
+    left = wait_gone(new, LEFTOVER_GRACE_S)
+    assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+@pytest.fixture(autouse=True)
+def cpu_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """CPU ranks and run directories under the test's tmp dir (kernels inherit both).
+
+    Returns the runs directory.
+    """
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("SERVERLESS_GPU_TYPE", "cpu")
+    monkeypatch.setenv("SERVERLESS_GPU_RUNS_DIR", str(runs))
+    monkeypatch.setenv("IPYTHONDIR", str(write_ipython_profile(tmp_path / "ipython")))
+    monkeypatch.delenv("SERVERLESS_GPU_DISPLAY", raising=False)
+    return runs
+
+
+@pytest.fixture
+def in_process() -> Iterator[None]:
+    """Runs made by the test process itself: untracked, and the launcher stopped afterwards."""
+    hooks.unregister_hook(tracking.tracking_hook)
+    try:
+        yield
+    finally:
+        serverless_gpu.shutdown()
+        hooks.register_hook(tracking.tracking_hook, order=10)
+
+
+@pytest.fixture
+def kernel(tmp_path: Path) -> Iterator[Kernel]:
+    """A real ipykernel (the venv's python) with the extension loaded."""
+    k = Kernel(dict(os.environ), cwd=tmp_path)
+    try:
+        out = k.run("%load_ext jupyter_ext\nimport sys; print(sys.executable)")
+        assert not out.errors, out.all_text
+        yield k
+    finally:
+        k.close()
