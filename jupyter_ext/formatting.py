@@ -61,7 +61,7 @@ def header_text(view: RunView, now: float | None = None) -> str:
 def rank_outcome(rank: RankView) -> str:
     """What a rank ended with: its result's type, or why it failed or was stopped."""
     if rank.state == "done":
-        return rank.result or "returned"
+        return rank.result or rank.detail or "returned"
     return rank.detail
 
 

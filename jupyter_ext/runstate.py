@@ -124,7 +124,9 @@ class RunView:
         rank = self.ranks[event.rank]
         rank.state = event.state.value
         rank.finished = event.time
-        if event.state.value != "done":
+        if event.summary:
+            rank.detail = event.summary
+        elif event.state.value != "done":
             rank.detail = event.signal_name or f"exit code {event.exit_code}"
         rank.provisional.clear()
         rank.version += 1

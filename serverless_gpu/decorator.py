@@ -106,6 +106,7 @@ class DistributedFunction(Generic[P, R]):
 
     def distributed(self, *args: P.args, **kwargs: P.kwargs) -> RunResult[R]:
         """Run the function once per rank with these arguments; one return value per rank."""
+        __tracebackhide__ = True  # IPython and pytest hide this frame in tracebacks
         handle = self.start(*args, **kwargs)
         try:
             return handle.result()

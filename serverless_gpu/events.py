@@ -94,6 +94,8 @@ class RankFinished:
     exit_code: int | None
     signal_name: str | None
     time: float
+    summary: str = ""
+    """What the rank returned (type, shape) or raised (type and first line of the message)."""
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,7 @@ class RunHandle(Generic[R]):
 
     def result(self, timeout: float | None = None) -> RunResult[R]:
         """The ranks' return values in rank order, or the root-cause exception raised."""
+        __tracebackhide__ = True  # IPython and pytest hide this frame in tracebacks
         if not self.wait(timeout):
             raise TimeoutError(f"run {self.run_id} still running after {timeout} s")
         if self._outcome is None:

@@ -55,6 +55,7 @@ class RunSupervisor:
         self.raised: set[int] = set()
         self.exited: set[int] = set()
         self.hung_up: set[int] = set()
+        self.summaries: dict[int, str] = {}
         self.unfinished: tuple[int, ...] = ()
         self.stopping = False
         self.kill_deadline: float | None = None
@@ -124,14 +125,16 @@ class RunSupervisor:
         if isinstance(message, UserCodeStarted):
             self.emit(RankStarted(self.spec.run_id, rank, proc.pid, message.time))
         elif isinstance(message, RankDone) and message.ok:
+            self.summaries[rank] = message.summary
             self.returned.add(rank)
             if len(self.returned) == len(self.ranks) and not self.stopping:
                 self._release_all()
         elif isinstance(message, ToCaller):
             self.emit(RankMessage(self.spec.run_id, rank, message.kind, message.data, message.time))
         elif isinstance(message, RankDone):
+            self.summaries[rank] = message.summary
             self.raised.add(rank)
-            self.failures.append((message.time, rank, "raised an exception"))
+            self.failures.append((message.time, rank, f"raised {message.summary}"))
             self._stop(RunStatus.FAILED)
 
     def _release_all(self) -> None:
@@ -170,7 +173,15 @@ class RunSupervisor:
             self._on_output(rank, stream)
         state = self._classify_exit(rank, status)
         self.emit(
-            RankFinished(self.spec.run_id, rank, state, status, signal_name(status), time.time())
+            RankFinished(
+                self.spec.run_id,
+                rank,
+                state,
+                status,
+                signal_name(status),
+                time.time(),
+                self.summaries.get(rank, ""),
+            )
         )
         if len(self.exited) == len(self.ranks):
             self._finish()

@@ -104,16 +104,16 @@ def _run(conn: Connection, spec: RankSpec) -> int:
         return _exit_code(exc)
     except BaseException as exc:  # the user's failure, whatever it is, goes back to the caller
         _write_error(spec, exc, library_error=False)
-        send(RankDone(ok=False, time=time.time()))
+        send(RankDone(ok=False, time=time.time(), summary=_error_summary(exc)))
         return 1
     try:
         dump_to_file(result, spec.result_path)
     except Exception as exc:  # any pickling failure: report which rank and which type
         message = f"rank {spec.rank} returned a {_type_name(result)} that cannot be pickled: {exc}"
         _write_error(spec, exc, library_error=True, message=message)
-        send(RankDone(ok=False, time=time.time()))
+        send(RankDone(ok=False, time=time.time(), summary=message))
         return 1
-    send(RankDone(ok=True, time=time.time()))
+    send(RankDone(ok=True, time=time.time(), summary=summarize(result)))
     _flush()
     try:
         while not isinstance(conn.recv(), Release):
@@ -161,6 +161,26 @@ def _exit_code(exc: SystemExit) -> int:
         return exc.code
     print(exc.code, file=sys.stderr)
     return 1
+
+
+def summarize(value: Any) -> str:
+    """A short description of a result for renderers: type, and shape or size."""
+    kind = type(value).__qualname__
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"{kind} {tuple(shape)} {getattr(value, 'dtype', '')}".strip()
+    if isinstance(value, (list, tuple, dict, set)):
+        return f"{kind} of {len(value)}"
+    if value is None or isinstance(value, (bool, int, float)):
+        return f"{kind} {value!r}"
+    if isinstance(value, str):
+        return f"str of {len(value)} chars"
+    return kind
+
+
+def _error_summary(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def _type_name(value: Any) -> str:
