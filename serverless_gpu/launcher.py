@@ -10,6 +10,7 @@ Run as ``python -m serverless_gpu.launcher FD`` where FD is its end of a socketp
 
 from __future__ import annotations
 
+import importlib
 import os
 import selectors
 import signal
@@ -73,6 +74,7 @@ class Launcher:
             if run is not None:
                 run.cancel(message.reason)
         elif isinstance(message, Prewarm):
+            _preload(message.preload)
             self._prewarm(message.device, message.world_size)
         elif isinstance(message, Shutdown):
             self.running = False
@@ -123,7 +125,7 @@ class Launcher:
         # Standby ranks are replaced only once the call is over: while it runs they would hold
         # a CUDA context (and CPU time) on the GPUs the call is using.
         key = (run.spec.device, run.spec.world_size)
-        if key in self.warm_shapes and not self.runs:
+        if self.running and key in self.warm_shapes and not self.runs:
             self._prewarm(*key)
 
     # -- shutdown ------------------------------------------------------------------------------
@@ -134,6 +136,7 @@ class Launcher:
         return pids
 
     def shutdown(self) -> None:
+        self.running = False  # also stops runs that end now from preparing new standby ranks
         for run in self.runs.values():
             run.cancel("the launcher is shutting down")
         pids = self.all_pids()
@@ -143,10 +146,21 @@ class Launcher:
                 r.reap_blocking()
             run.finish_now()
             self._close_run(run)
-        for group in self.standby.values():
-            for r in group:
-                r.reap_blocking()
+        standby = [r for group in self.standby.values() for r in group]
+        terminate_groups([r.pid for r in standby if r.alive()], grace=0.5)
+        for r in standby:
+            r.reap_blocking()
         self.standby.clear()
+
+
+def _preload(modules: tuple[str, ...]) -> None:
+    """Import optional modules once here instead of once per rank (mlflow costs seconds)."""
+    for name in modules:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
 
 
 def main(argv: list[str]) -> int:

@@ -48,6 +48,8 @@ class Prewarm:
 
     device: str
     world_size: int
+    preload: tuple[str, ...] = ()
+    """Modules to import in the launcher first, so forked ranks start with them (``mlflow``)."""
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ class Backend(Protocol):
         """Start the ranks; returns at once with a handle whose events are being fed."""
         ...
 
-    def prewarm(self, placement: Placement) -> None:
-        """Get ready for calls of this shape (start processes, standby ranks); non-blocking."""
+    def prewarm(self, placement: Placement, preload: tuple[str, ...] = ()) -> None:
+        """Get ready for calls of this shape (start processes, standby ranks, import ``preload``
+        modules where ranks are created); non-blocking."""
         ...
 
     def shutdown(self) -> None:

@@ -174,9 +174,9 @@ class LocalBackend:
             except OSError:
                 pass  # the launcher is gone, and with it the ranks
 
-    def prewarm(self, placement: Placement) -> None:
+    def prewarm(self, placement: Placement, preload: tuple[str, ...] = ()) -> None:
         try:
-            self._ensure_launcher().send(Prewarm(placement.device, placement.world_size))
+            self._ensure_launcher().send(Prewarm(placement.device, placement.world_size, preload))
         except OSError:
             pass  # prewarming is an optimisation; the next call starts what it needs
 

@@ -1,0 +1,40 @@
+"""The run hook: makes every ``.distributed()`` call an MLflow run unless ``tracking=False``.
+
+This module is imported with ``serverless_gpu``; mlflow is imported only by the first tracked
+call, so that ``import serverless_gpu`` stays fast and works without mlflow installed.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from ..events import Subscriber
+from ..hooks import RunContext
+from .errors import TrackingWarning
+
+
+def tracking_hook(ctx: RunContext) -> Subscriber | None:
+    if not ctx.options.get("tracking", True):
+        return None
+    try:
+        import mlflow  # noqa: F401 - the first tracked call pays for the import, once
+    except ImportError:
+        # Same text every time: Python's warning filter shows it once per process.
+        warnings.warn(
+            "serverless_gpu: mlflow is not installed, so calls are not tracked; install "
+            "serverless-gpu[tracking], or pass tracking=False to @distributed to silence this",
+            TrackingWarning,
+            stacklevel=2,
+        )
+        return None
+    from .tracker import start_tracking
+
+    try:
+        return start_tracking(ctx)
+    except Exception as exc:  # a tracking bug must not cost the user their training run
+        warnings.warn(
+            f"serverless_gpu: {ctx.name} not tracked in MLflow ({type(exc).__name__}: {exc})",
+            TrackingWarning,
+            stacklevel=2,
+        )
+        return None

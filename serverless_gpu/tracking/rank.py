@@ -1,0 +1,87 @@
+"""The rank initializer: fast MLflow logging in every rank of a tracked call.
+
+It never imports mlflow itself (a rank that does not log should not pay ~1.5 s for the
+import): if mlflow is not imported yet, an import hook patches it the moment the user's code
+(or the unpickling of the user's function) imports it.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+from .. import runtime
+from .errors import TrackingWarning
+from .rank_buffer import RankBuffer
+from .settings import ARTIFACT_URI_ENV, FLUSH_INTERVAL_ENV, RUN_ID_ENV, env_float
+
+
+def install() -> None:
+    """Called by the worker in each rank before the user's function is loaded."""
+    run_id = os.environ.get(RUN_ID_ENV)
+    if run_id is None:
+        return
+    buffer = RankBuffer(run_id, env_float(FLUSH_INTERVAL_ENV, 1.0), runtime.send_to_caller)
+    runtime.on_rank_exit(buffer.close)
+    if "mlflow" in sys.modules:
+        _patch(buffer)
+    else:
+        sys.meta_path.insert(0, _PatchOnImport(lambda: _patch(buffer)))
+
+
+def _patch(buffer: RankBuffer) -> None:
+    from .fluent_patch import install as install_fast_logging
+
+    try:
+        install_fast_logging(buffer, os.environ.get(ARTIFACT_URI_ENV) or None)
+    except Exception as exc:  # an MLflow we cannot patch still logs, through its slow path
+        warnings.warn(
+            f"serverless_gpu: fast MLflow logging is off in this rank ({exc!r})",
+            TrackingWarning,
+            stacklevel=2,
+        )
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Runs ``after`` once the ``mlflow`` package has finished importing."""
+
+    def __init__(self, after: Callable[[], None]) -> None:
+        self._after = after
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None = None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "mlflow":
+            return None
+        sys.meta_path.remove(self)  # one use; the real finders locate the package
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _PatchAfterExec(spec.loader, self._after)
+        return spec
+
+
+class _PatchAfterExec(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader, after: Callable[[], None]) -> None:
+        self._loader = loader
+        self._after = after
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The package keeps its real loader (importlib.resources and inspect read it).
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        self._after()

@@ -1,0 +1,101 @@
+"""Creating (or resuming) the MLflow run of one call, in the caller, before the ranks start.
+
+The experiment is the one MLflow itself would use for ``mlflow.start_run()`` here:
+``set_experiment``, ``MLFLOW_EXPERIMENT_NAME``/``_ID``, the notebook's context, or the default.
+An active run in the caller makes ours its child; ``MLFLOW_RUN_ID`` resumes that run instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.tracking.context.registry import resolve_tags
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+from ..hooks import RunContext
+from .settings import ARTIFACT_URI_ENV, RUN_ID_ENV
+
+
+@dataclass
+class TrackedRun:
+    """The MLflow run a call logs into."""
+
+    uri: str
+    run_id: str
+    experiment_id: str
+    experiment_name: str
+    artifact_uri: str
+    resumed: bool = False
+    params: dict[str, str] = field(default_factory=dict)
+    """Params the run already has (a resumed run): ranks may not change them."""
+
+
+def run_name(ctx: RunContext) -> str:
+    configured = ctx.options.get("run_name")
+    return str(configured) if configured else ctx.name.rsplit(".", 1)[-1]
+
+
+def open_run(ctx: RunContext, client: MlflowClient, uri: str) -> TrackedRun:
+    resume_id = os.environ.get("MLFLOW_RUN_ID")
+    if resume_id:
+        return _resume(client, uri, resume_id)
+    parent = mlflow.active_run()
+    tags = {MLFLOW_RUN_NAME: run_name(ctx)}
+    if parent is not None:
+        experiment_id = parent.info.experiment_id
+        tags[MLFLOW_PARENT_RUN_ID] = parent.info.run_id
+    else:
+        experiment_id = _current_experiment_id()
+    run = client.create_run(experiment_id, tags=resolve_tags(tags), run_name=run_name(ctx))
+    return TrackedRun(
+        uri=uri,
+        run_id=run.info.run_id,
+        experiment_id=experiment_id,
+        experiment_name=_experiment_name(client, experiment_id),
+        artifact_uri=run.info.artifact_uri,
+    )
+
+
+def _resume(client: MlflowClient, uri: str, run_id: str) -> TrackedRun:
+    run = client.get_run(run_id)
+    client.update_run(run_id, status="RUNNING")
+    experiment_id = run.info.experiment_id
+    return TrackedRun(
+        uri=uri,
+        run_id=run_id,
+        experiment_id=experiment_id,
+        experiment_name=_experiment_name(client, experiment_id),
+        artifact_uri=run.info.artifact_uri,
+        resumed=True,
+        params=dict(run.data.params),
+    )
+
+
+def _current_experiment_id() -> str:
+    # MLflow's own resolution for fluent start_run; there is no public equivalent.
+    from mlflow.tracking.fluent import _get_experiment_id
+
+    return str(_get_experiment_id())
+
+
+def _experiment_name(client: MlflowClient, experiment_id: str) -> str:
+    return client.get_experiment(experiment_id).name
+
+
+def rank_env(run: TrackedRun) -> dict[str, str]:
+    """What a rank needs so that plain MLflow calls land in this run."""
+    return {
+        "MLFLOW_TRACKING_URI": run.uri,
+        "MLFLOW_RUN_ID": run.run_id,
+        # Both, consistent: a user's MLFLOW_EXPERIMENT_NAME naming another experiment would make
+        # MLflow refuse to resume the run in the rank.
+        "MLFLOW_EXPERIMENT_ID": run.experiment_id,
+        "MLFLOW_EXPERIMENT_NAME": run.experiment_name,
+        # The launcher samples the machine once for all ranks; eight monitors would repeat it.
+        "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
+        RUN_ID_ENV: run.run_id,
+        ARTIFACT_URI_ENV: run.artifact_uri,
+    }

@@ -1,0 +1,180 @@
+"""One call's tracking in the caller: opens the MLflow run, turns events into writes, ends it.
+
+The run's outcome maps to MLflow's statuses: succeeded -> FINISHED; failed or timed out ->
+FAILED, with the root cause as a tag; cancelled or interrupted -> KILLED.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import warnings
+from functools import partial
+
+from mlflow import MlflowClient
+
+from ..events import Event, RankMessage, RunFinished, RunStarted, RunStatus, SystemMetrics
+from ..hooks import RunContext
+from . import records, store
+from .errors import TrackingUnavailableError, TrackingWarning
+from .run_setup import TrackedRun, open_run, rank_env
+from .settings import (
+    LOG_UPLOAD_INTERVAL_ENV,
+    MESSAGE_KIND,
+    RANK_INITIALIZER,
+    RUN_ID_ENV,
+    UNSENT_FILE,
+    env_float,
+)
+from .spill import Spill
+from .writer import Writer
+
+_MLFLOW_STATUS = {
+    RunStatus.SUCCEEDED: "FINISHED",
+    RunStatus.FAILED: "FAILED",
+    RunStatus.TIMED_OUT: "FAILED",
+    RunStatus.CANCELLED: "KILLED",
+}
+_open: set[RunTracker] = set()
+"""Trackers whose run has not ended; ended as KILLED if the caller exits first."""
+_open_lock = threading.Lock()
+
+
+def start_tracking(ctx: RunContext) -> RunTracker:
+    """Open the call's MLflow run and prepare the ranks; never raises for a store problem."""
+    uri = store_uri()
+    spill = Spill(ctx.run_dir / UNSENT_FILE)
+    ctx.rank_initializers.append(RANK_INITIALIZER)
+    try:
+        if not store.reachable(uri):
+            raise TrackingUnavailableError(f"the tracking server {uri} does not answer")
+        client = MlflowClient(uri)
+        run = open_run(ctx, client, uri)
+    except Exception as exc:  # whatever the store raised, the training must still run
+        # Ranks keep logging fast, into the run directory instead of a store that hangs them.
+        ctx.env[RUN_ID_ENV] = ""
+        tracker = RunTracker(ctx, uri, None, None, spill)
+        tracker.warn_untracked(exc, started=False)
+        return tracker
+    ctx.env.update(rank_env(run))
+    ctx.metadata.update(
+        mlflow_run_id=run.run_id, mlflow_experiment_id=run.experiment_id, mlflow_tracking_uri=uri
+    )
+    link = store.run_link(uri, run.experiment_id, run.run_id)
+    if link is not None:
+        ctx.links["mlflow"] = link
+        ctx.metadata["mlflow_run_url"] = link
+    upload_every = env_float(LOG_UPLOAD_INTERVAL_ENV, 60.0)
+    writer = Writer(client, run.run_id, ctx.run_dir / "logs", spill, upload_every, run.params)
+    writer.setup(records.run_params(ctx), records.run_tags(ctx))
+    return RunTracker(ctx, uri, run, writer, spill)
+
+
+def store_uri() -> str:
+    import mlflow
+
+    return mlflow.get_tracking_uri()
+
+
+class RunTracker:
+    """The subscriber of one tracked call."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        uri: str,
+        run: TrackedRun | None,
+        writer: Writer | None,
+        spill: Spill,
+    ) -> None:
+        self.ctx = ctx
+        self.uri = uri
+        self.run = run
+        self.writer = writer
+        self.spill = spill
+        self.finished = False
+        self._warned = False
+        with _open_lock:
+            _open.add(self)
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, RankMessage) and event.kind == MESSAGE_KIND:
+            if self.writer is not None:
+                self.writer.batch(event.rank, event.time, event.data)
+            else:
+                self.spill.write("batch", event.rank, event.time, event.data)
+        elif isinstance(event, SystemMetrics) and self.writer is not None:
+            self.writer.system(event.time, event.values)
+        elif isinstance(event, RunStarted):
+            self._announce()
+        elif isinstance(event, RunFinished):
+            self._finish(_MLFLOW_STATUS.get(event.status, "FAILED"), _outcome_tags(event))
+        if self.writer is not None and self.writer.failure is not None:
+            self.warn_untracked(self.writer.failure, started=True)
+
+    def abandon(self) -> None:
+        """The caller exits before the run finished: mark it KILLED."""
+        self._finish("KILLED", {records.ERROR_TAG: "the calling process exited during the run"})
+
+    def _finish(self, status: str, tags: dict[str, str]) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        with _open_lock:
+            _open.discard(self)
+        if self.writer is None:
+            return
+        self.writer.finish(status, tags)
+        # An HTTP store that went away would hold the caller for minutes of MLflow's retries.
+        self.writer.wait(partial(store.reachable, self.uri) if store.is_http(self.uri) else None)
+        if self.writer.failure is not None:
+            self.warn_untracked(self.writer.failure, started=True)
+        elif self.writer.conflicts:
+            warnings.warn(
+                f"serverless_gpu: MLflow keeps the first value of a param; ignored: "
+                f"{'; '.join(self.writer.conflicts[:5])}",
+                TrackingWarning,
+                stacklevel=2,
+            )
+
+    def _announce(self) -> None:
+        if self.run is None or self.ctx.display_claimed:
+            return
+        link = self.ctx.links.get("mlflow")
+        where = link or (
+            f"run {self.run.run_id} in {self.run.uri} "
+            "(serverless_gpu.tracking.ui() serves its page)"
+        )
+        print(f"serverless_gpu: MLflow {where}", file=sys.stdout, flush=True)
+
+    def warn_untracked(self, reason: BaseException, *, started: bool) -> None:
+        """The one warning of a run whose tracking could not start or had to stop."""
+        if self._warned:
+            return
+        self._warned = True
+        what = "tracking stopped" if started else "not tracked"
+        warnings.warn(
+            f"serverless_gpu: {self.ctx.name} {what} in MLflow ({self.uri}: "
+            f"{type(reason).__name__}: {reason}). The run itself goes on; its logs are in "
+            f"{self.ctx.run_dir / 'logs'}, metrics not written to MLflow in {self.spill.path}.",
+            TrackingWarning,
+            stacklevel=3,
+        )
+
+
+def _outcome_tags(event: RunFinished) -> dict[str, str]:
+    tags = {records.STATUS_TAG: event.status.value}
+    if event.status is not RunStatus.SUCCEEDED:
+        # The launcher's root cause: "rank 1 raised ValueError: ...", "rank 0 was killed by
+        # SIGKILL", "exceeded its timeout ...", or the reason given to cancel.
+        tags[records.ERROR_TAG] = event.message or event.status.value
+    return tags
+
+
+@atexit.register
+def _end_abandoned_runs() -> None:
+    with _open_lock:
+        trackers = list(_open)
+    for tracker in trackers:
+        tracker.abandon()

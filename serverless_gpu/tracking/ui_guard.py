@@ -1,0 +1,45 @@
+"""``python -m serverless_gpu.tracking.ui_guard -- COMMAND...``: run COMMAND until stdin closes.
+
+Started by :func:`serverless_gpu.tracking.ui` as a session leader with a pipe as stdin. When
+the pipe reads end-of-file (the notebook stopped the UI, exited or was killed) or the command
+exits, the guard kills its whole process group: the server and every worker it started.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+_POLL_S = 0.5
+_GRACE_S = 3.0
+
+
+def main(argv: list[str]) -> int:
+    command = argv[argv.index("--") + 1 :] if "--" in argv else argv[1:]
+    if os.getpgid(0) != os.getpid():
+        os.setsid()  # the group it kills at the end must be its own
+    signal.signal(signal.SIGTERM, lambda *_: _stop_group(None))
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    while child.poll() is None:
+        ready, _, _ = select.select([sys.stdin.fileno()], [], [], _POLL_S)
+        if ready and not os.read(sys.stdin.fileno(), 4096):
+            break  # end-of-file: whoever started us is gone or wants us gone
+    _stop_group(child)
+    return 0
+
+
+def _stop_group(child: subprocess.Popen[bytes] | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(0, signal.SIGTERM)
+    deadline = time.monotonic() + _GRACE_S
+    while child is not None and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(0, signal.SIGKILL)  # also ends this guard
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,231 @@
+"""The one place that writes a run's data into MLflow: a thread in the caller.
+
+Ranks never write metrics, params or tags to the store themselves; eight ranks fighting for an
+SQLite write lock (or opening eight HTTP sessions) is what made plain logging slow and fragile.
+The writer merges queued batches into large ``log_batch`` calls, uploads the per-rank logs
+periodically, and ends the run. After the first store error it stops writing for the run and
+keeps everything else in the run directory (see :mod:`.spill`): the training never waits for,
+nor fails because of, tracking.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+
+from .spill import Spill
+
+_MERGE_METRICS = 5000
+"""Queued batches are merged into one write up to this many points."""
+_WAIT_SLICE_S = 2.0
+
+
+@dataclass(frozen=True)
+class _Op:
+    kind: str
+    """``setup``, ``batch``, ``system``, ``logs``, ``finish`` or ``stop``."""
+    rank: int | None = None
+    time: float = 0.0
+    data: Any = None
+
+
+_STOP = _Op("stop")
+_LOGS = _Op("logs")
+_DATA_KINDS = ("setup", "batch", "system")
+
+
+class Writer:
+    """Writes one run's data in arrival order, from its own thread."""
+
+    def __init__(
+        self,
+        client: MlflowClient,
+        run_id: str,
+        logs_dir: Path,
+        spill: Spill,
+        upload_every: float,
+        known_params: dict[str, str],
+    ) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.logs_dir = logs_dir
+        self.spill = spill
+        self.failure: BaseException | None = None
+        """The store error that stopped tracking for this run, if any."""
+        self.conflicts: list[str] = []
+        """Params that ranks logged with a value other than the one already recorded."""
+        self._upload_every = upload_every
+        self._params = dict(known_params)
+        self._written = set(known_params)
+        self._system_step = 0
+        self._queue: queue.SimpleQueue[_Op] = queue.SimpleQueue()
+        self._pending: _Op | None = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._loop, name="serverless-gpu-mlflow", daemon=True
+        )
+        self._thread.start()
+
+    # -- producers (the caller's waiting thread) ----------------------------------------------
+
+    def setup(self, params: dict[str, str], tags: dict[str, str]) -> None:
+        self._queue.put(_Op("setup", None, time.time(), {"params": params, "tags": tags}))
+
+    def batch(self, rank: int, when: float, data: dict[str, Any]) -> None:
+        self._queue.put(_Op("batch", rank, when, data))
+
+    def system(self, when: float, values: dict[str, float]) -> None:
+        self._queue.put(_Op("system", None, when, values))
+
+    def finish(self, status: str, tags: dict[str, str]) -> None:
+        self._queue.put(_Op("finish", None, time.time(), {"status": status, "tags": tags}))
+        self._queue.put(_STOP)
+
+    def wait(self, still_reachable: Callable[[], bool] | None) -> None:
+        """Until everything is written, or until the store stops answering."""
+        while self._thread.is_alive():
+            self._thread.join(_WAIT_SLICE_S)
+            if self._thread.is_alive() and still_reachable and not still_reachable():
+                self.give_up(ConnectionError("the tracking server stopped answering"))
+                return
+
+    def give_up(self, reason: BaseException) -> None:
+        """Stop writing now; what is queued goes to the run directory."""
+        self._fail(reason)
+        while True:
+            try:
+                op = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            self._keep(op)
+        self._queue.put(_STOP)  # the thread ends once its current request returns
+
+    # -- the writer thread --------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        next_upload = time.monotonic() + self._upload_every
+        while True:
+            op = self._next(next_upload - time.monotonic() if self._upload_every > 0 else None)
+            if op is _STOP:
+                return
+            if op is _LOGS:
+                next_upload = time.monotonic() + self._upload_every
+            self._apply(op)
+
+    def _next(self, timeout: float | None) -> _Op:
+        if self._pending is not None:
+            op, self._pending = self._pending, None
+            return op
+        try:
+            return self._queue.get(timeout=None if timeout is None else max(timeout, 0.0))
+        except queue.Empty:
+            return _LOGS
+
+    def _apply(self, op: _Op) -> None:
+        if self.failure is not None:
+            self._keep(op)
+            return
+        try:
+            if op.kind == "batch":
+                self._write_batches(op)
+            elif op.kind == "setup":
+                params = self._new_params(list(op.data["params"].items()), None)
+                self._log(params, list(op.data["tags"].items()), [])
+            elif op.kind == "system":
+                self._write_system(op)
+            elif op.kind == "logs":
+                self._upload_logs()
+            elif op.kind == "finish":
+                self._upload_logs()
+                self._log([], list(op.data["tags"].items()), [])
+                self.client.set_terminated(self.run_id, op.data["status"])
+        except Exception as exc:  # any store error (MLflow, HTTP, SQL, disk) ends tracking only
+            self._fail(exc)
+            self._keep(op)
+
+    def _write_batches(self, first: _Op) -> None:
+        """This batch and those queued behind it, in one write."""
+        ops = self._merge(first)
+        params: list[tuple[str, str]] = []
+        tags: list[tuple[str, str]] = []
+        metrics: list[Metric] = []
+        for op in ops:
+            params += self._new_params(op.data["params"], op.rank)
+            tags += op.data["tags"]
+            metrics += [Metric(k, v, ts, step) for k, v, ts, step in op.data["metrics"]]
+        try:
+            self._log(params, tags, metrics)
+        except Exception:
+            for op in ops[1:]:
+                self._keep(op)  # the first one is kept by _apply
+            raise
+
+    def _merge(self, first: _Op) -> list[_Op]:
+        ops = [first]
+        count = len(first.data["metrics"])
+        while count < _MERGE_METRICS:
+            try:
+                op = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if op.kind != "batch":
+                self._pending = op
+                break
+            ops.append(op)
+            count += len(op.data["metrics"])
+        return ops
+
+    def _new_params(self, pairs: list[tuple[str, str]], rank: int | None) -> list[tuple[str, str]]:
+        """Params not recorded yet. Ranks log the same hyperparameters; a different value is
+        reported (MLflow refuses to change a param), ours on a resumed run is left as it was."""
+        new = []
+        for key, value in pairs:
+            known = self._params.setdefault(key, value)
+            if known == value and key not in self._written:
+                new.append((key, value))
+                self._written.add(key)
+            elif known != value and rank is not None:
+                self.conflicts.append(f"{key}={value!r} from rank {rank} (kept {known!r})")
+        return new
+
+    def _log(
+        self, params: list[tuple[str, str]], tags: list[tuple[str, str]], metrics: list[Metric]
+    ) -> None:
+        if params or tags or metrics:
+            self.client.log_batch(
+                self.run_id,
+                metrics=metrics,
+                params=[Param(k, v) for k, v in params],
+                tags=[RunTag(k, v) for k, v in tags],
+            )
+
+    def _write_system(self, op: _Op) -> None:
+        ts = int(op.time * 1000)
+        step = self._system_step
+        self._system_step += 1
+        metrics = [Metric(k, float(v), ts, step) for k, v in op.data.items()]
+        self._log([], [], metrics)
+
+    def _upload_logs(self) -> None:
+        for path in sorted(self.logs_dir.glob("rank_*.txt")):
+            self.client.log_artifact(self.run_id, str(path), "logs")
+
+    # -- failure --------------------------------------------------------------------------------
+
+    def _fail(self, reason: BaseException) -> None:
+        with self._lock:
+            if self.failure is None:
+                self.failure = reason
+
+    def _keep(self, op: _Op) -> None:
+        if op.kind in _DATA_KINDS:
+            data = op.data if op.kind != "system" else {"metrics": op.data}
+            self.spill.write(op.kind, op.rank, op.time, data)

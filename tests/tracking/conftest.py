@@ -1,0 +1,120 @@
+"""Fixtures for the MLflow tracking tests: CPU ranks, an embedded SQLite store, a real
+``mlflow server`` on 127.0.0.1, and the check that no child process outlives a test."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+# No usage reporting from test processes (read when mlflow is imported).
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Run
+from tracking_checks import Server, start_server
+
+import serverless_gpu
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_children() -> Iterator[None]:
+    """After each test: the launcher is shut down and no child process of ours survives."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    serverless_gpu.shutdown()
+    deadline = time.monotonic() + 10
+    while True:
+        leaked = [p for p in me.children(recursive=True) if p.pid not in before and _alive(p)]
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not leaked, f"child processes survived the test: {[p.cmdline() for p in leaked]}"
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def tracking_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """CPU ranks, fast system-metric sampling, and a fresh experiment per test (its name).
+
+    The working directory is the test's own: MLflow's default store and artifacts go there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SERVERLESS_GPU_TYPE", "cpu")
+    monkeypatch.setenv("SERVERLESS_GPU_SYSTEM_METRICS_INTERVAL", "0.5")
+    monkeypatch.setenv("SERVERLESS_GPU_MLFLOW_FLUSH_INTERVAL", "0.2")
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"):
+        monkeypatch.delenv(name, raising=False)
+    experiment = f"test-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", experiment)
+    return experiment
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory whose ``mlflow.db`` is created once per module (its schema migrations take
+    seconds); tests tell their runs apart by experiment."""
+    path = tmp_path_factory.mktemp("embedded")
+    with pytest.MonkeyPatch.context() as mp:
+        # MLflow caches the store with its default artifact root, ./mlruns, resolved now.
+        mp.chdir(path)
+        MlflowClient(f"sqlite:///{path}/mlflow.db").search_experiments()
+    return path
+
+
+@pytest.fixture
+def embedded(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
+    """Nothing configured: MLflow's default store, ``sqlite:///mlflow.db`` in the working
+    directory (the ranks get the caller's working directory of the call)."""
+    monkeypatch.chdir(store_dir)
+    assert mlflow.get_tracking_uri() == f"sqlite:///{store_dir}/mlflow.db"
+    return MlflowClient()
+
+
+@pytest.fixture
+def experiment_runs(tracking_env: str) -> Callable[[MlflowClient], list[Run]]:
+    """The runs of this test's experiment, newest first."""
+
+    def runs(client: MlflowClient) -> list[Run]:
+        exp = client.get_experiment_by_name(tracking_env)
+        return [] if exp is None else list(client.search_runs([exp.experiment_id]))
+
+    return runs
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = start_server(tmp_path_factory.mktemp("server"))
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def own_mlflow_server(tmp_path: Path) -> Iterator[Server]:
+    """A server for one test only (one that the test may kill)."""
+    server = start_server(tmp_path)
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def remote(mlflow_server: Server, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
+    """The tracking URI points at the real server (through the environment, as users do)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+    return MlflowClient()

@@ -1,0 +1,106 @@
+"""A real ``mlflow server``: the same recording, a link that answers, and a server that dies."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import mlflow
+import pytest
+import tracking_fns
+from mlflow import MlflowClient
+from mlflow.entities import Run
+from tracking_checks import Server, check_run_contents, http_status
+
+from serverless_gpu import distributed
+from serverless_gpu.tracking import TrackingWarning
+
+RunsOf = Callable[[MlflowClient], list[Run]]
+
+
+def test_runs_on_a_tracking_server_with_a_link_that_answers(
+    remote: MlflowClient,
+    experiment_runs: RunsOf,
+    mlflow_server: Server,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fn = distributed(gpus=2, gpu_type="cpu", timeout=300)(tracking_fns.log_points_and_a_file)
+    with mlflow.start_run() as parent:
+        nested = fn.distributed(30, str(tmp_path))
+    alone = fn.distributed(30, str(tmp_path))
+
+    out = capsys.readouterr().out
+    runs = experiment_runs(remote)
+    ids = {nested.metadata["mlflow_run_id"], alone.metadata["mlflow_run_id"]}
+    assert {r.info.run_id for r in runs} == ids | {parent.info.run_id}
+    for result in (nested, alone):
+        run = remote.get_run(result.metadata["mlflow_run_id"])
+        check_run_contents(remote, run, steps=30, function="log_points_and_a_file")
+        notes = {a.path for a in remote.list_artifacts(run.info.run_id, "notes")}
+        assert notes == {"notes/note_0.txt", "notes/note_1.txt"}
+        link = result.links["mlflow"]
+        experiment = run.info.experiment_id
+        assert link == f"{mlflow_server.url}/#/experiments/{experiment}/runs/{run.info.run_id}"
+        assert http_status(link) == 200
+        assert result.metadata["mlflow_run_url"] == link
+        assert out.count(f"serverless_gpu: MLflow {link}\n") == 1  # printed once, at start
+    assert (
+        remote.get_run(nested.metadata["mlflow_run_id"]).data.tags["mlflow.parentRunId"]
+        == parent.info.run_id
+    )
+    assert "mlflow.parentRunId" not in remote.get_run(alone.metadata["mlflow_run_id"]).data.tags
+
+
+def test_server_killed_mid_run_results_still_returned_with_one_warning(
+    own_mlflow_server: Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", own_mlflow_server.url)
+    marker = tmp_path / "kill-now"
+
+    def kill_when_told() -> None:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        own_mlflow_server.kill()
+
+    killer = threading.Thread(target=kill_when_told, daemon=True)
+    killer.start()
+    fn = distributed(gpus=2, gpu_type="cpu", timeout=300)(tracking_fns.survive_server_death)
+    started = time.monotonic()
+    with pytest.warns(TrackingWarning) as caught:
+        result = fn.distributed(str(marker), own_mlflow_server.url, 200)
+    killer.join()
+
+    assert list(result) == [0, 1]
+    assert len([w for w in caught if issubclass(w.category, TrackingWarning)]) == 1
+    assert "tracking stopped" in str(caught[0].message)
+    assert time.monotonic() - started < 90, "the caller must not sit out MLflow's retries"
+    logs = result.run_dir / "logs"
+    assert (logs / "rank_0.txt").exists() and (logs / "rank_1.txt").exists()
+    unsent = [json.loads(line) for line in (result.run_dir / "mlflow_unsent.jsonl").open()]
+    after = [m for r in unsent if r["kind"] == "batch" for m in r["data"]["metrics"]]
+    assert {m[0] for m in after} >= {"after"}
+
+
+def test_server_down_at_start_runs_untracked_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    fn = distributed(gpus=2, gpu_type="cpu", timeout=300)(tracking_fns.log_points)
+    with pytest.warns(TrackingWarning, match="not tracked") as caught:
+        result = fn.distributed(100)
+
+    assert len(result) == 2 and max(result) < 0.05  # ranks logged fast, never hung on retries
+    assert len([w for w in caught if issubclass(w.category, TrackingWarning)]) == 1
+    assert "mlflow_run_id" not in result.metadata
+    unsent = [json.loads(line) for line in (result.run_dir / "mlflow_unsent.jsonl").open()]
+    losses = [m for r in unsent if r["kind"] == "batch" for m in r["data"]["metrics"]]
+    assert len([m for m in losses if m[0] == "loss"]) == 200

@@ -1,0 +1,104 @@
+"""Helpers shared by the tracking tests: a real MLflow server and the checks of a run's contents.
+
+(A plain module rather than conftest.py, whose name other test directories use too.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlflow import MlflowClient
+from mlflow.entities import Run
+
+
+def check_run_contents(
+    client: MlflowClient, run: Run, steps: int, function: str, world_size: int = 2
+) -> None:
+    """What every tracked run records: rank metrics with steps, params, tags, rank logs."""
+    run_id = run.info.run_id
+    assert run.info.status == "FINISHED"
+    history = client.get_metric_history(run_id, "loss")
+    assert len(history) == world_size * steps
+    for rank in range(world_size):
+        points = sorted((m.step, m.value) for m in history if m.value >= rank * 1_000_000)
+        points = [p for p in points if p[1] < (rank + 1) * 1_000_000]
+        assert points == [(s, float(rank * 1_000_000 + s)) for s in range(steps)]
+        assert run.data.metrics[f"rank_{rank}/done"] == 1.0
+        assert run.data.tags[f"from_rank_{rank}"] == "yes"
+    params = run.data.params
+    assert params["lr"] == "0.1"
+    assert params["serverless_gpu.gpus"] == str(world_size)
+    assert params["serverless_gpu.gpu_type"] == "CPU"
+    assert params["serverless_gpu.world_size"] == str(world_size)
+    assert params["serverless_gpu.timeout"] == "300"
+    assert params["serverless_gpu.function"] == function
+    assert params["serverless_gpu.version"] and params["serverless_gpu.torch_version"]
+    tags = run.data.tags
+    assert tags["serverless_gpu.host"] == socket.gethostname()
+    assert tags["serverless_gpu.gpu_names"] == "CPU"
+    assert tags["serverless_gpu.status"] == "succeeded"
+    assert not any("PATH" in v or "MLFLOW_RUN_ID" in k for k, v in params.items() | tags.items())
+    assert "system/cpu_utilization_percentage" in run.data.metrics
+    logs = {a.path for a in client.list_artifacts(run_id, "logs")}
+    assert logs == {f"logs/rank_{r}.txt" for r in range(world_size)}
+    text = Path(client.download_artifacts(run_id, "logs/rank_1.txt")).read_text()
+    assert f"rank 1 logged {steps} points" in text
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen[bytes]
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def start_server(root: Path) -> Server:
+    """A real ``mlflow server`` (SQLite backend, proxied artifacts) on a free local port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    command = [
+        sys.executable, "-m", "mlflow", "server",
+        "--backend-store-uri", f"sqlite:///{root}/server.db",
+        "--artifacts-destination", str(root / "artifacts"),
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    ]  # fmt: skip
+    with open(root / "server.log", "ab") as log:
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    server = Server(f"http://127.0.0.1:{port}", proc)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
+        if http_status(f"{server.url}/health") == 200:
+            return server
+        time.sleep(0.2)
+    server.kill()
+    raise TimeoutError("mlflow server did not start")
+
+
+def http_status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
