@@ -104,16 +104,12 @@ class Launcher:
         ranks = self.standby.pop((device, world_size), None)
         if ranks is None:
             return None
-        if device == "cuda" and env.get("CUDA_VISIBLE_DEVICES") != os.environ.get(
+        # Contexts made for other devices are useless for this call; a dead rank spoils the set.
+        other_devices = device == "cuda" and env.get("CUDA_VISIBLE_DEVICES") != os.environ.get(
             "CUDA_VISIBLE_DEVICES"
-        ):
-            # Their CUDA contexts were made for other devices: useless for this call.
-            terminate_groups([r.pid for r in ranks], grace=0.5)
-            for r in ranks:
-                r.reap_blocking()
-            return None
-        if any(not r.alive() for r in ranks):
-            terminate_groups([r.pid for r in ranks], grace=0.5)
+        )
+        if other_devices or not all(r.alive() for r in ranks):
+            terminate_groups([r.pid for r in ranks if r.exit_status is None], grace=0.5)
             for r in ranks:
                 r.reap_blocking()
             return None
@@ -131,9 +127,10 @@ class Launcher:
     # -- shutdown ------------------------------------------------------------------------------
 
     def all_pids(self) -> list[int]:
-        pids = [r.pid for run in self.runs.values() for r in run.ranks]
-        pids += [r.pid for group in self.standby.values() for r in group]
-        return pids
+        """Ranks not reaped yet: a reaped rank's pid (and group id) may belong to someone else."""
+        ranks = [r for run in self.runs.values() for r in run.ranks]
+        ranks += [r for group in self.standby.values() for r in group]
+        return [r.pid for r in ranks if r.exit_status is None]
 
     def shutdown(self) -> None:
         self.running = False  # also stops runs that end now from preparing new standby ranks

@@ -29,6 +29,8 @@ class LineSplitter:
         """Pieces completed by ``data`` (terminators kept, ``\\r\\n`` read as ``\\n``)."""
         self.last_data = now
         text = self._pending + self._decoder.decode(data)
+        if "\r" not in text:
+            return self._split_lines(text)
         pieces: list[str] = []
         end = 0
         for match in _PIECE.finditer(text):
@@ -37,6 +39,17 @@ class LineSplitter:
             end = match.end()
         self._pending = text[end:]
         if len(self._pending) > MAX_PENDING:  # a giant line without newline: show it in parts
+            pieces.append(self._pending + "\n")
+            self._pending = ""
+        if pieces:
+            self._shown = ""
+        return pieces
+
+    def _split_lines(self, text: str) -> list[str]:
+        """The common case, no carriage return: a plain split is several times faster."""
+        *done, self._pending = text.split("\n")
+        pieces = [line + "\n" for line in done]
+        if len(self._pending) > MAX_PENDING:
             pieces.append(self._pending + "\n")
             self._pending = ""
         if pieces:

@@ -20,7 +20,7 @@ from .errors import (
 )
 from .events import RankFinished, RunFinished, RunStatus
 from .protocol import ErrorRecord
-from .serialization import load_from_file
+from .serialization import load_from_file, load_result
 
 R = TypeVar("R")
 
@@ -53,7 +53,7 @@ def load_results(run_dir: Path, world_size: int) -> list[Any]:
     for rank in range(world_size):
         path = run_dir / f"result_{rank}.pkl"
         try:
-            values.append(load_from_file(path))
+            values.append(load_result(path))
         except Exception as exc:  # e.g. the result's class cannot be imported in the caller
             raise SerializationError(
                 f"the result of rank {rank} could not be loaded in the caller: "

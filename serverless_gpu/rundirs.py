@@ -46,10 +46,13 @@ def new_run_dir(name: str) -> tuple[str, Path]:
 
 def prune_runs(keep: int, exclude: Path) -> None:
     """Delete all but the newest ``keep`` run directories."""
-    root = exclude.parent
-    runs = sorted(
-        (p for p in root.iterdir() if p.is_dir() and p != exclude),
-        key=lambda p: p.stat().st_mtime,
-    )
-    for old in runs[: max(0, len(runs) - keep + 1)]:
+    runs: list[tuple[float, Path]] = []
+    for path in exclude.parent.iterdir():
+        try:
+            if path.is_dir() and path != exclude:
+                runs.append((path.stat().st_mtime, path))
+        except FileNotFoundError:
+            pass  # another caller of the same user pruned it meanwhile
+    runs.sort()
+    for _, old in runs[: max(0, len(runs) - keep + 1)]:
         shutil.rmtree(old, ignore_errors=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import os
 import pickle
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,36 @@ def dump_to_file(obj: Any, path: Path) -> None:
     with open(tmp, "wb") as f:
         _ResultPickler(f, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     os.replace(tmp, path)
+
+
+def dump_result(obj: Any, path: Path) -> None:
+    """Write a rank's result for the caller: torch's format when torch is loaded (tensors are
+    written as raw storage, CUDA ones from their device), so the caller can map them."""
+    torch = _torch()
+    if torch is None:
+        dump_to_file(obj, path)
+        return
+    _skip_checksums(torch)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp, pickle_module=cloudpickle, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+
+def load_result(path: Path) -> Any:
+    """Read what :func:`dump_result` wrote. Tensors are memory-mapped from the file rather than
+    copied (deleting the file afterwards is safe: the mapping keeps the pages)."""
+    if not zipfile.is_zipfile(path):
+        return load_from_file(path)
+    import torch
+
+    return torch.load(path, mmap=True, weights_only=False, map_location="cpu")
+
+
+def _skip_checksums(torch: Any) -> None:
+    # The file lives for one hand-over on the same machine; CRC32 would halve the write speed.
+    config = getattr(getattr(torch.utils, "serialization", None), "config", None)
+    if config is not None and hasattr(config.save, "compute_crc32"):
+        config.save.compute_crc32 = False
 
 
 def load_from_file(path: Path) -> Any:

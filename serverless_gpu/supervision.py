@@ -61,7 +61,7 @@ class RunSupervisor:
         self.kill_deadline: float | None = None
         self.deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
         self.metrics_every = float(spec.env.get(METRICS_INTERVAL_ENV, _METRICS_EVERY_S))
-        self.next_metrics = time.monotonic() + min(self.metrics_every, 1.0)
+        self.next_metrics = time.monotonic()  # one reading at once: short runs get one too
         self.finished = False
         logs = spec.run_dir / "logs"
         logs.mkdir(mode=0o700, exist_ok=True)

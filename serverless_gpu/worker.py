@@ -25,7 +25,7 @@ from . import runtime
 from .env import RANK_INIT_ENV
 from .lifetime import die_with_parent
 from .protocol import ErrorRecord, RankDone, RankSpec, Release, ToCaller, UserCodeStarted
-from .serialization import dump_to_file
+from .serialization import dump_result, dump_to_file
 
 
 def rank_main(conn: Connection, stdout_fd: int, stderr_fd: int, warm_cuda: int | None) -> NoReturn:
@@ -107,7 +107,7 @@ def _run(conn: Connection, spec: RankSpec) -> int:
         send(RankDone(ok=False, time=time.time(), summary=_error_summary(exc)))
         return 1
     try:
-        dump_to_file(result, spec.result_path)
+        dump_result(result, spec.result_path)
     except Exception as exc:  # any pickling failure: report which rank and which type
         message = f"rank {spec.rank} returned a {_type_name(result)} that cannot be pickled: {exc}"
         _write_error(spec, exc, library_error=True, message=message)

@@ -62,7 +62,7 @@ def test_demo_notebook(tmp_path: Path, cpu_mode: Path) -> None:
     assert "[30.0, 30.0]" in _texts(cells["out"][1])  # --out bound the list
     decorated = _texts(cells["decorated"][1])
     assert "[(3, 2), (3, 2)]" in decorated and "[rank 1] rank 1 makes a 3x2 tensor" in decorated
-    assert re.search(r"\n  1 +done .* returned", decorated)
+    assert re.search(r"\n  1 +done .* Tensor \(3, 2\) torch.float32", decorated)  # type, shape
 
     error_cell = cells["error"][1]
     [error] = [o for o in error_cell.outputs if o.output_type == "error"]

@@ -168,6 +168,6 @@ def test_text_renderer_reports_a_failed_run(attach: Any) -> None:
     assert re.search(r"serverless_gpu: .*fails on 2 x CPU \| logs: ", text), text
     assert "[rank 0] rank 0 says hi" in text
     assert "[rank 1] KeyError: 'missing shard'" in text  # stderr of every rank is shown
-    assert "serverless_gpu: rank 1 failed (exit code 1)" in text
-    assert re.search(r"run failed after [\d.]+ s: rank 1 raised an exception", text)
+    assert "serverless_gpu: rank 1 failed (KeyError: 'missing shard')" in text
+    assert re.search(r"run failed after [\d.]+ s: rank 1 raised KeyError: 'missing shard'", text)
     assert re.search(r"\n  0 +killed .*SIGTERM", text) and re.search(r"\n  1 +failed ", text)

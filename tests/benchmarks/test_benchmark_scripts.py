@@ -1,0 +1,77 @@
+"""Smoke test: both benchmark scripts run in --quick mode on CPU ranks, print their tables, write
+them with --out, and leave no process behind.
+
+The two scripts run at the same time to keep the test short; their timings are not checked.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+MARKER = "SGPU_BENCH_SMOKE"
+SCRIPTS = {
+    "launch.py": ["| allreduce | ours, warm (standby ready) |", "| allreduce | torchrun"],
+    "overheads.py": ["| DDP step time, ours / torchrun |", "| log flood, slowdown"],
+}
+
+
+def marked_processes(marker: str) -> list[psutil.Process]:
+    """Live processes that inherited this test's marker (zombies and unreadable ones skipped)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(MARKER) == marker:
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
+def wait_until_none(marker: str, limit: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + limit
+    left = marked_processes(marker)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = marked_processes(marker)
+    return left
+
+
+def test_scripts_quick_cpu(tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    env = {**os.environ, MARKER: marker, "SERVERLESS_GPU_RUNS_DIR": str(tmp_path / "runs")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    procs = {}
+    for script in SCRIPTS:
+        cmd = [sys.executable, str(REPO / "benchmarks" / script), "--quick", "--cpu"]
+        cmd += ["--out", str(tmp_path / f"{script}.md")]
+        procs[script] = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+    try:
+        outputs = {script: proc.communicate(timeout=240)[0] for script, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        left = wait_until_none(marker, limit=10.0)
+        for proc in left:  # started by this test: clean up before failing
+            proc.kill()
+    assert not left, f"processes survived the benchmarks: {[p.pid for p in left]}"
+    for script, expected in SCRIPTS.items():
+        out = outputs[script]
+        assert procs[script].returncode == 0, out[-3000:]
+        assert "### Targets" in out, out[-3000:]
+        assert "failed" not in out, out[-3000:]
+        for fragment in expected:
+            assert fragment in out, f"{script}: {fragment!r} missing\n{out[-3000:]}"
+        written = (tmp_path / f"{script}.md").read_text()
+        assert "### Targets" in written
