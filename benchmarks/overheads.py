@@ -345,7 +345,8 @@ def transfer_section(c: Caller) -> Section:
         f"{C.fmt_s(kept)}. Aggregate = {c.s.world_size} x {nbytes / 2**30:g} GiB / difference "
         f"= {agg:.2f} GB/s; raw = over the whole call = {raw:.2f} GB/s. Breakdown, one tensor "
         f"in this process, files in the runs directory ({runs_fs()}): the library's "
-        f"dump_to_file {r['lib_dump']:.2f} GB/s and load_from_file {r['lib_load']:.2f} GB/s; "
+        f"dump_result {r['lib_dump']:.2f} GB/s and load_result {r['lib_load']:.2f} GB/s "
+        "(memory-mapped: pages are read when first touched); "
         f"the same tensor as a protocol-5 numpy pickle: dump {r['np_dump']:.2f}, load "
         f"{r['np_load']:.2f} GB/s. Floor: a plain copy into fresh memory runs at "
         f"{r['copy']:.2f} GB/s here."
@@ -359,7 +360,7 @@ def transfer_section(c: Caller) -> Section:
 
 def file_path_rates(nbytes: int) -> dict[str, float]:
     """GB/s, in this process, of one tensor through the library's result files
-    (serialization.dump_to_file / load_from_file), against two floors on the same machine:
+    (serialization.dump_result / load_result), against two floors on the same machine:
     the same tensor pickled as a numpy array with protocol 5 (one copy each way) and a plain
     copy of the tensor into fresh memory."""
     import pickle
@@ -367,7 +368,7 @@ def file_path_rates(nbytes: int) -> dict[str, float]:
     import torch
 
     from serverless_gpu.rundirs import runs_root
-    from serverless_gpu.serialization import dump_to_file, load_from_file
+    from serverless_gpu.serialization import dump_result, load_result
 
     def np_dump(t: Any, path: Path) -> None:
         with open(path, "wb") as f:
@@ -381,7 +382,7 @@ def file_path_rates(nbytes: int) -> dict[str, float]:
     path = runs_root() / f"bench-{os.getpid()}.pkl"
     rates = {"copy": _rate(nbytes, lambda: tensor.clone())}
     try:
-        for name, dump, load in (("lib", dump_to_file, load_from_file), ("np", np_dump, np_load)):
+        for name, dump, load in (("lib", dump_result, load_result), ("np", np_dump, np_load)):
             rates[f"{name}_dump"] = _rate(nbytes, lambda dump=dump: dump(tensor, path))
             rates[f"{name}_load"] = _rate(nbytes, lambda load=load: load(path))
     finally:
