@@ -66,6 +66,23 @@ class FastLogging:
 
     # -- metrics ----------------------------------------------------------------------------
 
+    def _fast_path(
+        self,
+        synchronous: bool | None,
+        run_id: str | None,
+        model_id: str | None,
+        dataset: Any,
+        extra: dict[str, Any],
+    ) -> bool:
+        """Only plain calls into our run are buffered; anything MLflow-specific goes through."""
+        return (
+            not synchronous
+            and model_id is None
+            and dataset is None
+            and not extra
+            and self._ours(run_id)
+        )
+
     def log_metric(
         self,
         key: str,
@@ -78,13 +95,7 @@ class FastLogging:
         dataset: Any = None,
         **extra: Any,
     ) -> Any:
-        if (
-            synchronous
-            or model_id is not None
-            or dataset is not None
-            or extra
-            or not self._ours(run_id)
-        ):
+        if not self._fast_path(synchronous, run_id, model_id, dataset, extra):
             return self._original(
                 "log_metric", key, value, step=step, synchronous=synchronous,
                 timestamp=timestamp, run_id=run_id, model_id=model_id, dataset=dataset, **extra,
@@ -103,13 +114,7 @@ class FastLogging:
         dataset: Any = None,
         **extra: Any,
     ) -> Any:
-        if (
-            synchronous
-            or model_id is not None
-            or dataset is not None
-            or extra
-            or not self._ours(run_id)
-        ):
+        if not self._fast_path(synchronous, run_id, model_id, dataset, extra):
             return self._original(
                 "log_metrics", metrics, step=step, synchronous=synchronous, run_id=run_id,
                 timestamp=timestamp, model_id=model_id, dataset=dataset, **extra,
