@@ -50,6 +50,9 @@ def load(shell: Any) -> None:
         _loaded.uninstall()
     _loaded = _Loaded(shell)
     _loaded.install()
+    import serverless_gpu
+
+    serverless_gpu.warm_up()  # the first call of the session then finds the launcher ready
 
 
 def unload(shell: Any) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .decorator import DistributedConfig, DistributedFunction, distributed
+from .decorator import DistributedConfig, DistributedFunction, distributed, warm_up
 from .errors import (
     CancelledError,
     ConfigurationError,
@@ -53,6 +53,7 @@ __all__ = [
     "get_node_rank",
     "get_world_size",
     "shutdown",
+    "warm_up",
 ]
 
 

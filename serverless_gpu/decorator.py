@@ -92,7 +92,9 @@ class DistributedFunction(Generic[P, R]):
         self._backend = backend
         functools.update_wrapper(self, func)
         if config.standby:
-            _start_prewarm(self._prewarm)
+            _start_prewarm(
+                lambda: _prewarm(self.backend, config.gpus, config.gpu_type, config.tracking)
+            )
 
     @property
     def backend(self) -> Backend:
@@ -151,18 +153,29 @@ class DistributedFunction(Generic[P, R]):
             handle.subscribe(subscriber)
         return handle
 
-    def _prewarm(self) -> None:
-        try:
-            placement = resolve_placement(self.config.gpus, self.config.gpu_type)
-        except Exception:  # the call itself will report a bad configuration
-            return
-        # Ranks of a tracked call import mlflow; importing it once in the launcher saves seconds
-        # of CPU per rank.
-        tracked = self.config.tracking and importlib.util.find_spec("mlflow") is not None
-        self.backend.prewarm(placement, ("mlflow",) if tracked else ())
-
 
 _prewarm_threads: set[threading.Thread] = set()
+WARMUP_ENV = "SERVERLESS_GPU_WARMUP"
+
+
+def warm_up(gpus: int | None = None, gpu_type: str | GPUType | None = None) -> None:
+    """Start the launcher and standby ranks in the background (``%load_ext`` calls this), so
+    that the first call of a session finds them ready. ``SERVERLESS_GPU_WARMUP=0`` disables."""
+    if os.environ.get(WARMUP_ENV, "1") != "0":
+        _start_prewarm(lambda: _prewarm(default_backend(), gpus, gpu_type, tracking=True))
+
+
+def _prewarm(
+    backend: Backend, gpus: int | None, gpu_type: str | GPUType | None, tracking: bool
+) -> None:
+    try:
+        placement = resolve_placement(gpus, gpu_type)
+    except Exception:  # the call itself will report a bad configuration
+        return
+    # Ranks of a tracked call import mlflow; importing it once in the launcher saves seconds of
+    # CPU per rank.
+    tracked = tracking and importlib.util.find_spec("mlflow") is not None
+    backend.prewarm(placement, ("mlflow",) if tracked else ())
 
 
 def _start_prewarm(target: Callable[[], None]) -> None:

@@ -37,6 +37,9 @@ def cpu_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SERVERLESS_GPU_RUNS_DIR", str(runs))
     monkeypatch.setenv("IPYTHONDIR", str(write_ipython_profile(tmp_path / "ipython")))
     monkeypatch.delenv("SERVERLESS_GPU_DISPLAY", raising=False)
+    # Loading the extension starts the launcher in the background; tests that count processes
+    # opt out (test_kernel.py::test_load_ext_warms_up_the_launcher turns it back on).
+    monkeypatch.setenv("SERVERLESS_GPU_WARMUP", "0")
     return runs
 
 

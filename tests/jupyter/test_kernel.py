@@ -87,3 +87,29 @@ def test_kernel_end_ends_every_process(kernel: Kernel, cpu_mode: Path, how: str)
     print(f"{how}: every process gone {time.monotonic() - started:.1f} s after the request")
     if how == "restart":
         assert wait_for(lambda: kernel.manager.is_alive(), 10)
+
+
+def test_load_ext_warms_up_the_launcher(
+    tmp_path: Path, cpu_mode: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SERVERLESS_GPU_WARMUP", "1")
+    kernel = Kernel(dict(os.environ), cwd=tmp_path)
+    try:
+        kernel.run("%load_ext jupyter_ext")
+
+        def launcher_with_standby_ranks() -> bool:
+            procs = descendants(kernel.pid)
+            launchers = [p for p in procs if p.ppid() == kernel.pid]
+            forked = [p for p in procs if p.ppid() != kernel.pid]
+            return (
+                len(launchers) == 1
+                and "serverless_gpu.launcher" in " ".join(launchers[0].cmdline())
+                and len(forked) == 2  # standby ranks, forked by the launcher
+            )
+
+        # No call was made: the extension started the launcher and standby ranks by itself.
+        assert wait_for(launcher_with_standby_ranks, 30), descendants(kernel.pid)
+        procs = descendants(kernel.pid)
+    finally:
+        kernel.close()
+    assert not wait_gone(procs, 5)
