@@ -12,6 +12,8 @@ from ..events import Subscriber
 from ..hooks import RunContext
 from .errors import TrackingWarning
 
+_missing_mlflow_warned: list[bool] = []
+
 
 def tracking_hook(ctx: RunContext) -> Subscriber | None:
     if not ctx.options.get("tracking", True):
@@ -19,7 +21,11 @@ def tracking_hook(ctx: RunContext) -> Subscriber | None:
     try:
         import mlflow  # noqa: F401 - the first tracked call pays for the import, once
     except ImportError:
-        # Same text every time: Python's warning filter shows it once per process.
+        # Once per process: the warnings registry is reset whenever any library changes the
+        # filters (torch does), so Python's own "once" is not enough.
+        if _missing_mlflow_warned:
+            return None
+        _missing_mlflow_warned.append(True)
         warnings.warn(
             "serverless_gpu: mlflow is not installed, so calls are not tracked; install "
             "serverless-gpu[tracking], or pass tracking=False to @distributed to silence this",

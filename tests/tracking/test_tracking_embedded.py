@@ -14,6 +14,7 @@ from tracking_checks import check_run_contents
 
 from serverless_gpu import distributed
 from serverless_gpu.tracking import TrackingWarning
+from serverless_gpu.tracking import hook as tracking_hook_module
 
 RunsOf = Callable[[MlflowClient], list[Run]]
 
@@ -104,9 +105,11 @@ def test_without_mlflow_installed_the_call_runs_and_warns_once(
 ) -> None:
     # The import system's own way of saying "no such module" (not a mock of mlflow's API).
     monkeypatch.setitem(__import__("sys").modules, "mlflow", None)
+    monkeypatch.setattr(tracking_hook_module, "_missing_mlflow_warned", [])
     fn = distributed(gpus=2, gpu_type="cpu")(tracking_fns.no_mlflow)
     with pytest.warns(TrackingWarning, match="mlflow is not installed") as caught:
         result = fn.distributed()
+        assert fn.distributed() == [0, 1]  # a second call does not warn again
     assert list(result) == [0, 1]
     assert len([w for w in caught if issubclass(w.category, TrackingWarning)]) == 1
     assert result.metadata == {}
