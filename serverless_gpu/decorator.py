@@ -18,7 +18,7 @@ from .backends.local import default_backend
 from .console import OUTPUT_CHOICES, ConsolePrinter
 from .env import RANK_INIT_ENV
 from .errors import ConfigurationError, UsageError
-from .gpus import GPUType, resolve_placement
+from .gpus import GPUType, check_gpu_count, resolve_placement
 from .handle import RunHandle
 from .hooks import RunContext, run_hooks
 from .results import RunResult
@@ -69,10 +69,7 @@ class DistributedConfig:
             raise ConfigurationError(
                 f"timeout must be a positive number of seconds or None, not {self.timeout!r}"
             )
-        if self.gpus is not None and (
-            isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1
-        ):
-            raise ConfigurationError(f"gpus must be a positive integer or None, not {self.gpus!r}")
+        check_gpu_count(self.gpus)
         if self.gpu_type is not None:
             GPUType.parse(self.gpu_type)
         if self.output not in OUTPUT_CHOICES:

@@ -9,7 +9,10 @@ from __future__ import annotations
 import enum
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import GPUConfigError
 
@@ -85,23 +88,33 @@ class Placement:
     gpu_names: tuple[str, ...]
 
 
-def visible_gpu_names() -> list[str]:
-    """Names of the GPUs this process may use, in CUDA ordinal order, read through NVML."""
+@contextmanager
+def visible_nvml_devices(cuda_visible: str | None) -> Iterator[tuple[Any, list[Any]]]:
+    """``(pynvml, handles)`` of the GPUs a process with this CUDA_VISIBLE_DEVICES may use, in
+    CUDA ordinal order; no handles without a driver. NVML is shut down on exit, so a process
+    that forks afterwards (the launcher) hands no live NVML state to its children."""
     try:
         import pynvml
     except ImportError:
-        return []
+        yield None, []
+        return
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
-        return []  # no driver: a CPU-only machine
+        yield pynvml, []  # no driver: a CPU-only machine
+        return
     try:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        names = [_decode(pynvml.nvmlDeviceGetName(h)) for h in handles]
         uuids = [_decode(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+        yield pynvml, [handles[i] for i in visible_indices(uuids, cuda_visible)]
     finally:
         pynvml.nvmlShutdown()
-    return [names[i] for i in visible_indices(uuids, os.environ.get("CUDA_VISIBLE_DEVICES"))]
+
+
+def visible_gpu_names() -> list[str]:
+    """Names of the GPUs this process may use, in CUDA ordinal order, read through NVML."""
+    with visible_nvml_devices(os.environ.get("CUDA_VISIBLE_DEVICES")) as (nvml, handles):
+        return [_decode(nvml.nvmlDeviceGetName(h)) for h in handles]
 
 
 def _decode(value: str | bytes) -> str:
@@ -127,6 +140,12 @@ def visible_indices(uuids: list[str], spec: str | None) -> list[int]:
     return chosen
 
 
+def check_gpu_count(gpus: object) -> None:
+    """``gpus`` is a positive integer or None."""
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+        raise GPUConfigError(f"gpus must be a positive integer or None, not {gpus!r}")
+
+
 def cpu_mode_requested(gpu_type: str | GPUType | None) -> bool:
     """CPU mode is asked for by ``gpu_type="cpu"`` or by ``SERVERLESS_GPU_TYPE=cpu``."""
     if gpu_type is not None and GPUType.parse(gpu_type) is GPUType.CPU:
@@ -136,8 +155,7 @@ def cpu_mode_requested(gpu_type: str | GPUType | None) -> bool:
 
 def resolve_placement(gpus: int | None, gpu_type: str | GPUType | None) -> Placement:
     """Check the request against the machine and decide the ranks; raises before any launch."""
-    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
-        raise GPUConfigError(f"gpus must be a positive integer or None, not {gpus!r}")
+    check_gpu_count(gpus)
     if cpu_mode_requested(gpu_type):
         count = gpus if gpus is not None else int(os.environ.get(CPU_RANKS_ENV, DEFAULT_CPU_RANKS))
         return Placement(count, "cpu", GPUType.CPU, ())

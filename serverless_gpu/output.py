@@ -37,20 +37,18 @@ class LineSplitter:
             piece = match.group(0)
             pieces.append(piece[:-2] + "\n" if piece.endswith("\r\n") else piece)
             end = match.end()
-        self._pending = text[end:]
-        if len(self._pending) > MAX_PENDING:  # a giant line without newline: show it in parts
-            pieces.append(self._pending + "\n")
-            self._pending = ""
-        if pieces:
-            self._shown = ""
-        return pieces
+        return self._hold(pieces, text[end:])
 
     def _split_lines(self, text: str) -> list[str]:
         """The common case, no carriage return: a plain split is several times faster."""
-        *done, self._pending = text.split("\n")
-        pieces = [line + "\n" for line in done]
-        if len(self._pending) > MAX_PENDING:
-            pieces.append(self._pending + "\n")
+        *done, rest = text.split("\n")
+        return self._hold([line + "\n" for line in done], rest)
+
+    def _hold(self, pieces: list[str], rest: str) -> list[str]:
+        """Keep the unfinished ``rest`` for later, unless it is a giant line without newline."""
+        self._pending = rest
+        if len(rest) > MAX_PENDING:
+            pieces.append(rest + "\n")
             self._pending = ""
         if pieces:
             self._shown = ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psutil
 
-from .gpus import visible_indices
+from .gpus import visible_nvml_devices
 
 
 def sample(device: str, cuda_visible: str | None, gpus: int) -> dict[str, float]:
@@ -19,31 +19,17 @@ def sample(device: str, cuda_visible: str | None, gpus: int) -> dict[str, float]
 
 
 def _gpu_sample(cuda_visible: str | None, gpus: int) -> dict[str, float]:
-    try:
-        import pynvml
-    except ImportError:
-        return {}
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return {}
-    # Init and shut down around each reading: forked ranks must not inherit live NVML state.
-    try:
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
-        values: dict[str, float] = {}
-        for ordinal, index in enumerate(visible_indices(uuids, cuda_visible)[:gpus]):
-            util = pynvml.nvmlDeviceGetUtilizationRates(handles[index])
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handles[index])
-            values[f"system/gpu_{ordinal}_utilization_percentage"] = float(util.gpu)
-            values[f"system/gpu_{ordinal}_memory_usage_megabytes"] = mem.used / 2**20
-            values[f"system/gpu_{ordinal}_memory_usage_percentage"] = 100.0 * mem.used / mem.total
-        return values
-    except pynvml.NVMLError:
-        return {}
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    values: dict[str, float] = {}
+    with visible_nvml_devices(cuda_visible) as (nvml, handles):
+        try:
+            for ordinal, handle in enumerate(handles[:gpus]):
+                util = nvml.nvmlDeviceGetUtilizationRates(handle)
+                mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+                values[f"system/gpu_{ordinal}_utilization_percentage"] = float(util.gpu)
+                values[f"system/gpu_{ordinal}_memory_usage_megabytes"] = mem.used / 2**20
+                values[f"system/gpu_{ordinal}_memory_usage_percentage"] = (
+                    100.0 * mem.used / mem.total
+                )
+        except nvml.NVMLError:
+            return {}  # a GPU that stopped answering: skip this reading
+    return values

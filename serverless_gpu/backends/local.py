@@ -36,7 +36,8 @@ class _LauncherProcess:
 
     def __init__(self, on_message: Any, on_exit: Any) -> None:
         ours, theirs = socket.socketpair()
-        log = open(runs_root() / f"launcher-{os.getpid()}.log", "ab")  # noqa: SIM115
+        self.log_path = runs_root() / f"launcher-{os.getpid()}.log"
+        log = open(self.log_path, "ab")  # noqa: SIM115
         package_parent = str(Path(serverless_gpu.__file__).resolve().parent.parent)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
@@ -126,7 +127,7 @@ class LocalBackend:
                     RunStatus.FAILED,
                     None,
                     f"the launcher process exited (code {launcher.proc.poll()}); "
-                    f"its log: {runs_root()}/launcher-{os.getpid()}.log",
+                    f"its log: {launcher.log_path}",
                     (),
                     time.time(),
                 )
