@@ -99,6 +99,23 @@ def gpu_used_bytes() -> list[int]:
         pynvml.nvmlShutdown()
 
 
+def gpu_process_counts() -> list[int]:
+    """Compute processes NVML lists on each GPU (counts: in a container NVML may report host
+    pids, which are not ours to compare)."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    pynvml.nvmlInit()
+    try:
+        return [
+            len(pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(pynvml.nvmlDeviceGetCount())
+        ]
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def caller_on_gpu() -> bool:
     """True if this process shows up as a compute process on any GPU (it must not)."""
     try:
@@ -172,6 +189,8 @@ def run_checks(gpus: int, gpu_type: str | None) -> None:
     time.sleep(3.0)  # fresh standby ranks (with CUDA contexts) are prepared meanwhile
     _, warm_s = timed(warm.distributed)
     check("warm call -> results (no-op)", warm_s < 1.0, f"{warm_s * 1000:.0f} ms")
+    if not cpu:
+        check_standby_memory()
 
     if gpus >= 2:
         marker = "/tmp/sgpu-raised-at"
@@ -197,6 +216,26 @@ def run_checks(gpus: int, gpu_type: str | None) -> None:
         check("torch.cuda not initialised in the caller", not initialised, str(initialised))
 
 
+def check_standby_memory() -> None:
+    """GPU memory the standby ranks hold: used memory with them ready, minus after shutdown."""
+    import psutil
+
+    launchers = [p for p in psutil.Process().children() if "serverless_gpu.launcher" in p.cmdline()]
+    standby = [c for p in launchers for c in p.children()]
+    with_standby, processes = gpu_used_bytes(), gpu_process_counts()
+    serverless_gpu.shutdown()
+    psutil.wait_procs(launchers + standby, timeout=10)
+    time.sleep(1.0)
+    without = gpu_used_bytes()
+    held = [(a - b) / 2**20 for a, b in zip(with_standby, without, strict=True)]
+    check(
+        "standby ranks hold GPU memory, freed at shutdown",
+        bool(held) and all(h > 0 for h in held[: len(standby)]),
+        f"{len(standby)} standby rank(s); NVML compute processes per GPU {processes}; "
+        f"memory held per GPU {[f'{h:.0f} MiB' for h in held]}",
+    )
+
+
 def check_cancel(gpus: int, gpu_type: str | None) -> None:
     import psutil
 
@@ -209,6 +248,13 @@ def check_cancel(gpus: int, gpu_type: str | None) -> None:
         handle.wait(0.05)
     time.sleep(3.0)  # let every rank allocate its block
     during = gpu_used_bytes() if baseline else []
+    if baseline:
+        counts = gpu_process_counts()
+        check(
+            "during a call only its ranks are on the GPUs (no standby context)",
+            counts[:gpus] == [1] * gpus,
+            f"NVML compute processes per GPU {counts}",
+        )
     start = time.perf_counter()
     handle.cancel("validation cancel")
     handle.wait(30)

@@ -165,6 +165,9 @@ def warm_up(gpus: int | None = None, gpu_type: str | GPUType | None = None) -> N
 def _prewarm(
     backend: Backend, gpus: int | None, gpu_type: str | GPUType | None, tracking: bool
 ) -> None:
+    # The launcher's start (a fresh interpreter importing torch: seconds) goes first, so that
+    # reading the GPUs through NVML overlaps it instead of delaying it.
+    backend.start()
     try:
         placement = resolve_placement(gpus, gpu_type)
     except Exception:  # the call itself will report a bad configuration

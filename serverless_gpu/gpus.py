@@ -7,6 +7,7 @@ makes forking illegal. NVML reads the same facts from the driver without one.
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import re
 from collections.abc import Iterator
@@ -113,8 +114,15 @@ def visible_nvml_devices(cuda_visible: str | None) -> Iterator[tuple[Any, list[A
 
 def visible_gpu_names() -> list[str]:
     """Names of the GPUs this process may use, in CUDA ordinal order, read through NVML."""
-    with visible_nvml_devices(os.environ.get("CUDA_VISIBLE_DEVICES")) as (nvml, handles):
-        return [_decode(nvml.nvmlDeviceGetName(h)) for h in handles]
+    return list(_gpu_names(os.environ.get("CUDA_VISIBLE_DEVICES")))
+
+
+@functools.lru_cache(maxsize=8)
+def _gpu_names(spec: str | None) -> tuple[str, ...]:
+    # Cached per CUDA_VISIBLE_DEVICES value: the GPUs of a machine do not change under a running
+    # kernel, and an NVML session per call would be paid on every call's critical path.
+    with visible_nvml_devices(spec) as (nvml, handles):
+        return tuple(_decode(nvml.nvmlDeviceGetName(h)) for h in handles)
 
 
 def _decode(value: str | bytes) -> str:

@@ -39,6 +39,7 @@ class Launcher:
         self.runs: dict[str, RunSupervisor] = {}
         self.standby: dict[tuple[str, int], list[RankProcess]] = {}
         self.warm_shapes: set[tuple[str, int]] = set()
+        self.preload: set[str] = set()
         self.running = True
 
     # -- loop --------------------------------------------------------------------------------
@@ -62,11 +63,20 @@ class Launcher:
     # -- caller ------------------------------------------------------------------------------
 
     def _on_caller(self, _fd: Any) -> None:
-        try:
-            message = self.caller.recv()
-        except (EOFError, OSError):
-            self.running = False  # the caller died or closed its end: stop everything
-            return
+        # Everything pending is handled before standby ranks are made: a call that arrived
+        # together with its Prewarm (decorate, then call at once) must not wait for a standby
+        # set to create CUDA contexts it would then sit behind.
+        while self.running:
+            try:
+                self._handle(self.caller.recv())
+                if not self.caller.poll():
+                    break
+            except (EOFError, OSError):
+                self.running = False  # the caller died or closed its end: stop everything
+                return
+        self._refill_standby()
+
+    def _handle(self, message: Any) -> None:
         if isinstance(message, StartRun):
             self._start(message)
         elif isinstance(message, CancelRun):
@@ -74,8 +84,8 @@ class Launcher:
             if run is not None:
                 run.cancel(message.reason)
         elif isinstance(message, Prewarm):
-            _preload(message.preload)
-            self._prewarm(message.device, message.world_size)
+            self.preload.update(message.preload)
+            self.warm_shapes.add((message.device, message.world_size))
         elif isinstance(message, Shutdown):
             self.running = False
 
@@ -90,13 +100,18 @@ class Launcher:
 
     # -- standby ranks -------------------------------------------------------------------------
 
-    def _prewarm(self, device: str, world_size: int) -> None:
-        key = (device, world_size)
-        self.warm_shapes.add(key)
-        if self.standby.get(key):
+    def _refill_standby(self) -> None:
+        """Standby ranks for every shape asked for, made only while no call runs: during a
+        call they would hold a CUDA context (and CPU time) on the GPUs the call is using."""
+        if not self.running or self.runs:
             return
-        warm = [fork_rank(i if device == "cuda" else None) for i in range(world_size)]
-        self.standby[key] = warm
+        _preload(self.preload)
+        for device, world_size in sorted(self.warm_shapes):
+            if not self.standby.get((device, world_size)):
+                cuda = device == "cuda"
+                self.standby[(device, world_size)] = [
+                    fork_rank(i if cuda else None) for i in range(world_size)
+                ]
 
     def _take_standby(
         self, device: str, world_size: int, env: dict[str, str]
@@ -118,11 +133,7 @@ class Launcher:
     def _close_run(self, run: RunSupervisor) -> None:
         run.close()
         del self.runs[run.spec.run_id]
-        # Standby ranks are replaced only once the call is over: while it runs they would hold
-        # a CUDA context (and CPU time) on the GPUs the call is using.
-        key = (run.spec.device, run.spec.world_size)
-        if self.running and key in self.warm_shapes and not self.runs:
-            self._prewarm(*key)
+        self._refill_standby()
 
     # -- shutdown ------------------------------------------------------------------------------
 
@@ -150,7 +161,7 @@ class Launcher:
         self.standby.clear()
 
 
-def _preload(modules: tuple[str, ...]) -> None:
+def _preload(modules: set[str]) -> None:
     """Import optional modules once here instead of once per rank (mlflow costs seconds)."""
     for name in modules:
         if name not in sys.modules:

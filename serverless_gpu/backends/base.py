@@ -30,6 +30,10 @@ class Backend(Protocol):
         """Start the ranks; returns at once with a handle whose events are being fed."""
         ...
 
+    def start(self) -> None:
+        """Start this backend's helper processes now if they are not running; non-blocking."""
+        ...
+
     def prewarm(self, placement: Placement, preload: tuple[str, ...] = ()) -> None:
         """Get ready for calls of this shape (start processes, standby ranks, import ``preload``
         modules where ranks are created); non-blocking."""

@@ -175,6 +175,9 @@ class LocalBackend:
             except OSError:
                 pass  # the launcher is gone, and with it the ranks
 
+    def start(self) -> None:
+        self._ensure_launcher()
+
     def prewarm(self, placement: Placement, preload: tuple[str, ...] = ()) -> None:
         try:
             self._ensure_launcher().send(Prewarm(placement.device, placement.world_size, preload))

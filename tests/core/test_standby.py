@@ -1,0 +1,53 @@
+"""Standby ranks: made between calls, never while one runs, one set per shape asked for."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+import serverless_gpu
+from serverless_gpu import distributed
+
+
+def _launcher() -> psutil.Process:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for proc in psutil.Process().children():
+            if "serverless_gpu.launcher" in proc.cmdline():
+                return proc
+        time.sleep(0.05)
+    raise AssertionError("no launcher process started")
+
+
+def _ranks(launcher: psutil.Process) -> set[int]:
+    return {p.pid for p in launcher.children() if p.status() != psutil.STATUS_ZOMBIE}
+
+
+def _wait_ranks(launcher: psutil.Process, count: int, timeout: float = 30) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while len(ranks := _ranks(launcher)) != count:
+        assert time.monotonic() < deadline, f"{len(ranks)} rank processes, expected {count}"
+        time.sleep(0.05)
+    return ranks
+
+
+def test_no_standby_ranks_are_made_while_a_call_runs() -> None:
+    @distributed(gpus=2, output="none", tracking=False)
+    def hold(seconds: float) -> int:
+        time.sleep(seconds)
+        return serverless_gpu.get_global_rank()
+
+    launcher = _launcher()
+    standby = _wait_ranks(launcher, 2)  # the decoration's warm-up: one set for 2 ranks
+    handle = hold.start(3.0)
+    serverless_gpu.warm_up(gpus=3, gpu_type="cpu")  # another shape, asked for mid-call
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        # Only the call's own ranks (the standby set it took): nothing new while it runs.
+        assert _ranks(launcher) <= standby
+        time.sleep(0.05)
+    assert handle.result() == [0, 1]
+    # After the call: a fresh set for each shape asked for, 2 + 3 processes, none reused.
+    after = _wait_ranks(launcher, 5)
+    assert not after & standby
