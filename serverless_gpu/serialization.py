@@ -146,16 +146,30 @@ def dump_to_file(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
+class _TensorFound(Exception):
+    """Raised by the plain pass at the first tensor: torch's format takes over."""
+
+
+class _PlainPickler(cloudpickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        torch = _torch()
+        if torch is not None and isinstance(obj, (torch.Tensor, torch.UntypedStorage)):
+            raise _TensorFound
+        return super().reducer_override(obj)
+
+
 def dump_result(obj: Any, path: Path) -> None:
-    """Write a rank's result for the caller: torch's format when torch is loaded (tensors are
-    written as raw storage, CUDA ones from their device), so the caller can map them."""
-    torch = _torch()
-    if torch is None:
-        dump_to_file(obj, path)
-        return
-    _skip_checksums(torch)
+    """Write a rank's result for the caller. A result with tensors is written in torch's format
+    (raw storage, CUDA tensors from their device) so that the caller can map it; any other
+    result as a plain pickle, so that a caller without torch imported need not import it."""
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp, pickle_module=cloudpickle, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        with open(tmp, "wb") as f:
+            _PlainPickler(f, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except _TensorFound:
+        torch = _torch()
+        _skip_checksums(torch)
+        torch.save(obj, tmp, pickle_module=cloudpickle, pickle_protocol=pickle.HIGHEST_PROTOCOL)
     os.replace(tmp, path)
 
 

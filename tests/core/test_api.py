@@ -192,12 +192,14 @@ def test_events_arrive_in_order() -> None:
     assert handle.status is RunStatus.SUCCEEDED
 
 
-def test_main_module_function_and_class_ship_by_value(tmp_path: Path) -> None:
+def test_main_module_objects_ship_by_value_and_plain_results_need_no_torch(
+    tmp_path: Path,
+) -> None:
     script = tmp_path / "notebook_like.py"
     script.write_text(
         textwrap.dedent(
             """
-            import os
+            import os, sys
             from serverless_gpu import distributed, shutdown
 
             class Point:
@@ -215,6 +217,7 @@ def test_main_module_function_and_class_ship_by_value(tmp_path: Path) -> None:
 
             points = work.distributed()
             print("RESULT", [type(p).__name__ for p in points], [p.doubled() for p in points])
+            print("TORCH IMPORTED", "torch" in sys.modules)
             shutdown()
             """
         )
@@ -229,6 +232,9 @@ def test_main_module_function_and_class_ship_by_value(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "RESULT ['Point', 'Point'] [0, 2]" in out.stdout
+    # The ranks have torch loaded, yet results without tensors are plain pickles: a caller that
+    # never imported torch is not made to import it (seconds) just to read them.
+    assert "TORCH IMPORTED False" in out.stdout
 
 
 @pytest.mark.parametrize("bad", [0, -5, float("inf"), float("nan"), "10", True])
