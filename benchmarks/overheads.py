@@ -36,6 +36,7 @@ from typing import Any
 import _common as C
 import _jobs
 
+RESULTS_DIR_ENV = "SERVERLESS_GPU_RESULTS_DIR"
 GONE_LIMIT_S = 30.0
 MEMORY_SLACK_MIB = 256.0
 """GPU memory counts as back when every GPU is within this of its level before the run."""
@@ -326,8 +327,48 @@ def stop_section(c: Caller) -> Section:
 
 
 def transfer_section(c: Caller) -> Section:
+    from serverless_gpu.rundirs import results_root
+
     nbytes = (16 if c.s.quick else 1024) * 2**20
     fn = c.decorate(blob)
+    total_gb = c.s.world_size * nbytes / 1e9
+    where = results_root()
+    agg, raw, timings = transfer_rates(c, fn, nbytes, total_gb)
+    # Side by side: the same calls with the results written to the run directory instead.
+    previous = os.environ.get(RESULTS_DIR_ENV)
+    os.environ[RESULTS_DIR_ENV] = "off"  # read by the caller when it makes a run directory
+    try:
+        disk_agg, disk_raw, _ = transfer_rates(c, fn, nbytes, total_gb)
+    finally:
+        if previous is None:
+            os.environ.pop(RESULTS_DIR_ENV)
+        else:
+            os.environ[RESULTS_DIR_ENV] = previous
+    r = file_path_rates(nbytes, where)
+    text = (
+        f"Each rank makes a {nbytes / 2**30:g} GiB CPU float32 tensor and returns it, against the "
+        f"same call returning None (same work, no transfer): {timings}. Results written to "
+        f"{where or 'the run directory'} ({fs_type(where)}). Aggregate = {c.s.world_size} x "
+        f"{nbytes / 2**30:g} GiB / difference = {agg:.2f} GB/s; raw = over the whole call = "
+        f"{raw:.2f} GB/s. Side by side with the results in the run directory "
+        f"({fs_type(None)}, {RESULTS_DIR_ENV}=off): aggregate {disk_agg:.2f} GB/s, raw "
+        f"{disk_raw:.2f} GB/s. Breakdown, one tensor in this process, in the results folder: "
+        f"the library's dump_result {r['lib_dump']:.2f} GB/s and load_result "
+        f"{r['lib_load']:.2f} GB/s (memory-mapped: pages are read when first touched); the same "
+        f"tensor as a protocol-5 numpy pickle: dump {r['np_dump']:.2f}, load "
+        f"{r['np_load']:.2f} GB/s. Floor: a plain copy into fresh memory runs at "
+        f"{r['copy']:.2f} GB/s here."
+    )
+    rows = [
+        ["result transfer, aggregate", ">= 2 GB/s", f"{agg:.2f} GB/s", check(agg, 2.0, True)],
+        ["result transfer, raw (whole call)", "(info)", f"{raw:.2f} GB/s", ""],
+        ["result transfer, aggregate, run directory", "(info)", f"{disk_agg:.2f} GB/s", ""],
+    ]
+    return "Result transfer", text, rows
+
+
+def transfer_rates(c: Caller, fn: Any, nbytes: int, total_gb: float) -> tuple[float, float, str]:
+    """Aggregate and raw GB/s of calls returning a tensor per rank vs the same returning None."""
     sent, kept = [], []
     for _ in range(c.s.reps):
         for send, into in ((True, sent), (False, kept)):
@@ -335,30 +376,11 @@ def transfer_section(c: Caller) -> Section:
             t_call, t_back, _values = C.timed(lambda send=send: fn.distributed(nbytes, send))
             del _values
             into.append(t_back - t_call)
-    total_gb = c.s.world_size * nbytes / 1e9
     net = C.median(sent) - C.median(kept)
-    agg, raw = total_gb / net, total_gb / C.median(sent)
-    r = file_path_rates(nbytes)
-    text = (
-        f"Each rank makes a {nbytes / 2**30:g} GiB CPU float32 tensor and returns it, against the "
-        f"same call returning None (same work, no transfer): {C.fmt_s(sent)} vs "
-        f"{C.fmt_s(kept)}. Aggregate = {c.s.world_size} x {nbytes / 2**30:g} GiB / difference "
-        f"= {agg:.2f} GB/s; raw = over the whole call = {raw:.2f} GB/s. Breakdown, one tensor "
-        f"in this process, files in the runs directory ({runs_fs()}): the library's "
-        f"dump_result {r['lib_dump']:.2f} GB/s and load_result {r['lib_load']:.2f} GB/s "
-        "(memory-mapped: pages are read when first touched); "
-        f"the same tensor as a protocol-5 numpy pickle: dump {r['np_dump']:.2f}, load "
-        f"{r['np_load']:.2f} GB/s. Floor: a plain copy into fresh memory runs at "
-        f"{r['copy']:.2f} GB/s here."
-    )
-    rows = [
-        ["result transfer, aggregate", ">= 2 GB/s", f"{agg:.2f} GB/s", check(agg, 2.0, True)],
-        ["result transfer, raw (whole call)", "(info)", f"{raw:.2f} GB/s", ""],
-    ]
-    return "Result transfer", text, rows
+    return total_gb / net, total_gb / C.median(sent), f"{C.fmt_s(sent)} vs {C.fmt_s(kept)}"
 
 
-def file_path_rates(nbytes: int) -> dict[str, float]:
+def file_path_rates(nbytes: int, folder: Path | None) -> dict[str, float]:
     """GB/s, in this process, of one tensor through the library's result files
     (serialization.dump_result / load_result), against two floors on the same machine:
     the same tensor pickled as a numpy array with protocol 5 (one copy each way) and a plain
@@ -379,7 +401,7 @@ def file_path_rates(nbytes: int) -> dict[str, float]:
             return torch.from_numpy(pickle.load(f))
 
     tensor = torch.ones(nbytes // 4, dtype=torch.float32)
-    path = runs_root() / f"bench-{os.getpid()}.pkl"
+    path = (folder or runs_root()) / f"bench-{os.getpid()}.pkl"
     rates = {"copy": _rate(nbytes, lambda: tensor.clone())}
     try:
         for name, dump, load in (("lib", dump_result, load_result), ("np", np_dump, np_load)):
@@ -398,11 +420,11 @@ def _rate(nbytes: int, action: Callable[[], Any]) -> float:
     return nbytes / 1e9 / elapsed
 
 
-def runs_fs() -> str:
-    """The filesystem type the run directories live on (tmpfs, ext4, overlay ...)."""
+def fs_type(folder: Path | None) -> str:
+    """The filesystem type of ``folder`` (default: the runs directory): tmpfs, ext4, overlay..."""
     from serverless_gpu.rundirs import runs_root
 
-    root, best = str(runs_root()), ("", "?")
+    root, best = str(folder or runs_root()), ("", "?")
     with open("/proc/mounts") as mounts:
         for line in mounts:
             fields = line.split()

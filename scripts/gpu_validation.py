@@ -190,7 +190,7 @@ def run_checks(gpus: int, gpu_type: str | None) -> None:
     _, warm_s = timed(warm.distributed)
     check("warm call -> results (no-op)", warm_s < 1.0, f"{warm_s * 1000:.0f} ms")
     if not cpu:
-        check_standby_memory()
+        check_standby_memory(gpus)
 
     if gpus >= 2:
         marker = "/tmp/sgpu-raised-at"
@@ -216,12 +216,17 @@ def run_checks(gpus: int, gpu_type: str | None) -> None:
         check("torch.cuda not initialised in the caller", not initialised, str(initialised))
 
 
-def check_standby_memory() -> None:
+def check_standby_memory(gpus: int) -> None:
     """GPU memory the standby ranks hold: used memory with them ready, minus after shutdown."""
     import psutil
 
     launchers = [p for p in psutil.Process().children() if "serverless_gpu.launcher" in p.cmdline()]
     standby = [c for p in launchers for c in p.children()]
+    # They were forked when the last call ended; give them time to create their contexts.
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and min(gpu_process_counts()[:gpus] or [0]) < 1:
+        time.sleep(0.1)
+    time.sleep(1.0)
     with_standby, processes = gpu_used_bytes(), gpu_process_counts()
     serverless_gpu.shutdown()
     psutil.wait_procs(launchers + standby, timeout=10)

@@ -125,7 +125,7 @@ class DistributedFunction(Generic[P, R]):
         placement = resolve_placement(cfg.gpus, cfg.gpu_type)
         payload = dump_payload(self.func, args, kwargs, max_payload_bytes(cfg.max_payload_bytes))
         name = getattr(self.func, "__qualname__", "fn")
-        run_id, run_dir = new_run_dir(name)
+        run_id, run_dir, results_dir = new_run_dir(name)
         ctx = RunContext(
             run_id=run_id,
             name=name,
@@ -133,6 +133,7 @@ class DistributedFunction(Generic[P, R]):
             timeout=None if cfg.timeout is None else float(cfg.timeout),
             run_dir=run_dir,
             options=asdict(cfg),
+            results_dir=results_dir,
         )
         subscribers = run_hooks(ctx)
         if not ctx.display_claimed:

@@ -144,7 +144,7 @@ class RunHandle(Generic[R]):
                 return None, failure_exception(
                     finished, self.ranks, tails, ctx.run_dir, ctx.timeout
                 )
-            values: list[Any] = load_results(ctx.run_dir, ctx.placement.world_size)
+            values: list[Any] = load_results(ctx.run_dir, ctx.results_dir, ctx.placement.world_size)
             result: RunResult[R] = RunResult(
                 values,
                 run_id=ctx.run_id,
@@ -165,3 +165,5 @@ def _drop_bulk_files(ctx: RunContext) -> None:
         path.unlink(missing_ok=True)
     (ctx.run_dir / "payload.pkl").unlink(missing_ok=True)
     shutil.rmtree(ctx.run_dir / "tmp", ignore_errors=True)
+    if ctx.results_dir is not None:
+        shutil.rmtree(ctx.results_dir, ignore_errors=True)  # mapped results keep their pages

@@ -28,6 +28,9 @@ class RunContext:
     run_dir: Path
     options: dict[str, Any]
     """Decorator options hooks care about (``tracking``, ``run_name``, ``output`` ...)."""
+    results_dir: Path | None = None
+    """A tmpfs folder the ranks write their results to (deleted once they are loaded); None:
+    the run directory."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for every rank; hooks add to it."""
     links: dict[str, str] = field(default_factory=dict)

@@ -13,11 +13,14 @@ from __future__ import annotations
 import importlib
 import os
 import selectors
+import shutil
 import signal
 import socket
 import sys
 import time
+from collections import deque
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from .env import free_port
@@ -40,6 +43,9 @@ class Launcher:
         self.standby: dict[tuple[str, int], list[RankProcess]] = {}
         self.warm_shapes: set[tuple[str, int]] = set()
         self.preload: set[str] = set()
+        self.results_dirs: deque[Path] = deque(maxlen=256)
+        """tmpfs folders of this caller's runs: deleted at shutdown in case the caller died
+        before it could (the caller deletes each once it has loaded the results)."""
         self.running = True
 
     # -- loop --------------------------------------------------------------------------------
@@ -90,6 +96,8 @@ class Launcher:
             self.running = False
 
     def _start(self, spec: StartRun) -> None:
+        if spec.results_dir is not None:
+            self.results_dirs.append(spec.results_dir)
         taken = {r.master_port for r in self.runs.values()}
         ranks = self._take_standby(spec.device, spec.world_size, spec.env)
         if ranks is None:
@@ -159,6 +167,8 @@ class Launcher:
         for r in standby:
             r.reap_blocking()
         self.standby.clear()
+        for folder in self.results_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _preload(modules: set[str]) -> None:

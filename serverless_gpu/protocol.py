@@ -21,6 +21,8 @@ class StartRun:
     run_id: str
     name: str
     run_dir: Path
+    results_dir: Path | None
+    """Where ranks write results first (a tmpfs), or None for the run directory."""
     payload_path: Path
     world_size: int
     device: str
@@ -72,7 +74,8 @@ class RankSpec:
     cwd: str
     sys_path: tuple[str, ...]
     payload_path: Path
-    result_path: Path
+    result_paths: list[Path]
+    """Tried in order: a full tmpfs sends the result on to the next one."""
     error_path: Path
 
 

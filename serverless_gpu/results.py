@@ -20,6 +20,7 @@ from .errors import (
 )
 from .events import RankFinished, RunFinished, RunStatus
 from .protocol import ErrorRecord
+from .rundirs import result_paths
 from .serialization import load_from_file, load_result
 
 R = TypeVar("R")
@@ -48,10 +49,11 @@ class RunResult(list[R], Generic[R]):
         self.metadata = dict(metadata)
 
 
-def load_results(run_dir: Path, world_size: int) -> list[Any]:
+def load_results(run_dir: Path, results_dir: Path | None, world_size: int) -> list[Any]:
     values = []
     for rank in range(world_size):
-        path = run_dir / f"result_{rank}.pkl"
+        paths = result_paths(run_dir, results_dir, rank)
+        path = next((p for p in paths if p.exists()), paths[-1])
         try:
             values.append(load_result(path))
         except Exception as exc:  # e.g. the result's class cannot be imported in the caller

@@ -27,6 +27,7 @@ from .events import (
 from .lifetime import kill_group, signal_name
 from .protocol import RankDone, RankSpec, Release, StartRun, ToCaller, UserCodeStarted
 from .rank_process import RankProcess
+from .rundirs import result_paths
 
 _RELEASE_GRACE_S = 5.0
 _METRICS_EVERY_S = 10.0
@@ -107,7 +108,7 @@ class RunSupervisor:
             cwd=s.cwd,
             sys_path=s.sys_path,
             payload_path=s.payload_path,
-            result_path=s.run_dir / f"result_{rank}.pkl",
+            result_paths=result_paths(s.run_dir, s.results_dir, rank),
             error_path=s.run_dir / f"error_{rank}.pkl",
         )
 

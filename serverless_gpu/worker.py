@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, NoReturn
 
 import cloudpickle
@@ -43,6 +44,16 @@ def rank_main(conn: Connection, stdout_fd: int, stderr_fd: int, warm_cuda: int |
     finally:
         _flush()
         os._exit(code)
+
+
+def _write_result(result: Any, paths: list[Path]) -> None:
+    for path in paths[:-1]:
+        try:
+            dump_result(result, path)
+            return
+        except OSError:  # a full tmpfs (ENOSPC): the next place (the run directory) will do
+            path.with_name(path.name + ".tmp").unlink(missing_ok=True)
+    dump_result(result, paths[-1])
 
 
 def _become_rank_process(stdout_fd: int, stderr_fd: int, keep_fd: int) -> None:
@@ -107,7 +118,7 @@ def _run(conn: Connection, spec: RankSpec) -> int:
         send(RankDone(ok=False, time=time.time(), summary=_error_summary(exc)))
         return 1
     try:
-        dump_result(result, spec.result_path)
+        _write_result(result, spec.result_paths)
     except Exception as exc:  # any pickling failure: report which rank and which type
         message = f"rank {spec.rank} returned a {_type_name(result)} that cannot be pickled: {exc}"
         _write_error(spec, exc, library_error=True, message=message)

@@ -150,6 +150,7 @@ class LocalBackend:
                     run_id=ctx.run_id,
                     name=ctx.name,
                     run_dir=ctx.run_dir,
+                    results_dir=ctx.results_dir,
                     payload_path=payload_path,
                     world_size=placement.world_size,
                     device=placement.device,
