@@ -126,7 +126,7 @@ class RankMessage:
 
 @dataclass(frozen=True)
 class SystemMetrics:
-    """Host and GPU utilisation, sampled by the launcher (psutil, NVML) while the run is live.
+    """Host and GPU utilisation, sampled in the caller (psutil, NVML) while the run is live.
 
     Keys follow MLflow's system-metric names (``system/gpu_0_utilization_percentage`` ...).
     """

@@ -12,8 +12,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from . import system_metrics
-from .env import METRICS_INTERVAL_ENV, rank_env
+from .env import rank_env
 from .events import (
     OutputLines,
     RankFinished,
@@ -22,7 +21,6 @@ from .events import (
     RankState,
     RunFinished,
     RunStatus,
-    SystemMetrics,
 )
 from .lifetime import kill_group, signal_name
 from .protocol import RankDone, RankSpec, Release, StartRun, ToCaller, UserCodeStarted
@@ -30,7 +28,6 @@ from .rank_process import RankProcess
 from .rundirs import result_paths
 
 _RELEASE_GRACE_S = 5.0
-_METRICS_EVERY_S = 10.0
 
 
 class RunSupervisor:
@@ -61,8 +58,6 @@ class RunSupervisor:
         self.stopping = False
         self.kill_deadline: float | None = None
         self.deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
-        self.metrics_every = float(spec.env.get(METRICS_INTERVAL_ENV, _METRICS_EVERY_S))
-        self.next_metrics = time.monotonic()  # one reading at once: short runs get one too
         self.finished = False
         logs = spec.run_dir / "logs"
         logs.mkdir(mode=0o700, exist_ok=True)
@@ -230,9 +225,6 @@ class RunSupervisor:
                 piece = splitter.flush_idle(now) if stream in proc.pipes else None
                 if piece:
                     self.emit(OutputLines(self.spec.run_id, rank, stream, (piece,), time.time()))
-        if self.metrics_every > 0 and now >= self.next_metrics and not self.stopping:
-            self.next_metrics = now + self.metrics_every
-            self._sample_system()
         if self.deadline is not None and now >= self.deadline and not self.stopping:
             running = [r for r in range(len(self.ranks)) if r not in self.returned | self.raised]
             limit = self.spec.timeout or 0.0
@@ -245,11 +237,6 @@ class RunSupervisor:
             for rank, proc in enumerate(self.ranks):
                 if rank not in self.exited:
                     kill_group(proc.pid, signal.SIGKILL)
-
-    def _sample_system(self) -> None:
-        s = self.spec
-        values = system_metrics.sample(s.device, s.env.get("CUDA_VISIBLE_DEVICES"), s.world_size)
-        self.emit(SystemMetrics(s.run_id, values, time.time()))
 
     def _finish(self) -> None:
         root: int | None = None

@@ -20,12 +20,14 @@ from typing import Any
 
 import serverless_gpu
 
+from ..env import METRICS_INTERVAL_ENV
 from ..errors import LauncherError
 from ..events import RunFinished, RunStatus
 from ..gpus import Placement
 from ..handle import RunHandle
 from ..protocol import CancelRun, Prewarm, Shutdown, StartRun
 from ..rundirs import runs_root
+from ..system_metrics import DEFAULT_INTERVAL_S, SystemSampler
 from .base import RunRequest
 
 _SHUTDOWN_WAIT_S = 3.0
@@ -102,6 +104,7 @@ class LocalBackend:
         self._lock = threading.Lock()
         self._launcher: _LauncherProcess | None = None
         self._handles: dict[str, RunHandle[Any]] = {}
+        self._samplers: dict[str, SystemSampler] = {}
         atexit.register(self.shutdown)
 
     def _ensure_launcher(self) -> _LauncherProcess:
@@ -117,6 +120,30 @@ class LocalBackend:
         handle.push(event)
         if isinstance(event, RunFinished):
             self._handles.pop(event.run_id, None)
+            self._stop_sampler(event.run_id)
+
+    def _start_sampler(self, handle: RunHandle[Any]) -> None:
+        ctx = handle.context
+        env = {**os.environ, **ctx.env}  # what the ranks see
+        every = float(env.get(METRICS_INTERVAL_ENV, DEFAULT_INTERVAL_S))
+        if every <= 0:
+            return
+        placement = ctx.placement
+        sampler = SystemSampler(
+            ctx.run_id,
+            placement.device,
+            env.get("CUDA_VISIBLE_DEVICES"),
+            placement.world_size,
+            every,
+            handle.push,
+        )
+        self._samplers[ctx.run_id] = sampler
+        sampler.start()
+
+    def _stop_sampler(self, run_id: str) -> None:
+        sampler = self._samplers.pop(run_id, None)
+        if sampler is not None:
+            sampler.stop()
 
     def _launcher_exited(self, launcher: _LauncherProcess) -> None:
         """The launcher died under running calls: end them with a clear error."""
@@ -133,6 +160,7 @@ class LocalBackend:
                 )
             )
             self._handles.pop(run_id, None)
+            self._stop_sampler(run_id)
 
     def submit(self, request: RunRequest) -> RunHandle[Any]:
         ctx = request.context
@@ -143,6 +171,8 @@ class LocalBackend:
         launcher = self._ensure_launcher()
         handle: RunHandle[Any] = RunHandle(ctx, lambda reason: self._cancel(ctx.run_id, reason))
         self._handles[ctx.run_id] = handle
+        # Registered before the launcher hears of the run, so that its RunFinished stops it.
+        self._start_sampler(handle)
         placement = ctx.placement
         try:
             launcher.send(
@@ -165,6 +195,7 @@ class LocalBackend:
             )
         except OSError as exc:
             self._handles.pop(ctx.run_id, None)
+            self._stop_sampler(ctx.run_id)
             raise LauncherError(f"could not reach the launcher process: {exc}") from exc
         return handle
 

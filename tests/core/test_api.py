@@ -7,6 +7,8 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,14 @@ import pytest
 import serverless_gpu
 from serverless_gpu import DistributedConfig, GPUType, RunResult, distributed, runtime
 from serverless_gpu.errors import ConfigurationError, UsageError
-from serverless_gpu.events import RankFinished, RankStarted, RunFinished, RunStarted, RunStatus
+from serverless_gpu.events import (
+    RankFinished,
+    RankStarted,
+    RunFinished,
+    RunStarted,
+    RunStatus,
+    SystemMetrics,
+)
 
 
 def test_ranks_return_their_rank_in_order() -> None:
@@ -190,6 +199,25 @@ def test_events_arrive_in_order() -> None:
     assert sorted(e.rank for e in seen if isinstance(e, RankFinished)) == [0, 1]
     assert seen[-1].status is RunStatus.SUCCEEDED
     assert handle.status is RunStatus.SUCCEEDED
+
+
+def test_system_metrics_are_sampled_during_the_run_and_stop_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SERVERLESS_GPU_SYSTEM_METRICS_INTERVAL", "0.2")
+
+    @distributed(gpus=2, output="none", tracking=False)
+    def pause() -> None:
+        time.sleep(1.0)
+
+    handle = pause.start()
+    readings: list[SystemMetrics] = []
+    handle.subscribe(lambda e: readings.append(e) if isinstance(e, SystemMetrics) else None)
+    handle.result()
+    assert len(readings) >= 3  # one at once, then every 0.2 s of a 1 s run
+    assert all("system/cpu_utilization_percentage" in r.values for r in readings)
+    time.sleep(0.5)
+    assert not [t for t in threading.enumerate() if t.name == "serverless-gpu-metrics"]
 
 
 def test_main_module_objects_ship_by_value_and_plain_results_need_no_torch(
