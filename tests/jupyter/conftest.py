@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jupyter_helpers import Kernel, children, wait_gone, write_ipython_profile
+from jupyter_helpers import Kernel, KernelFactory, children, wait_gone, write_ipython_profile
 
 import serverless_gpu
 from serverless_gpu import hooks, tracking
@@ -55,12 +55,26 @@ def in_process() -> Iterator[None]:
 
 
 @pytest.fixture
-def kernel(tmp_path: Path) -> Iterator[Kernel]:
-    """A real ipykernel (the venv's python) with the extension loaded."""
-    k = Kernel(dict(os.environ), cwd=tmp_path)
-    try:
+def make_kernel(tmp_path: Path) -> Iterator[KernelFactory]:
+    """``make_kernel(**env)``: a real ipykernel (the venv's python) started with this process's
+    environment plus ``env``, the extension loaded; every kernel made is closed afterwards."""
+    made: list[Kernel] = []
+
+    def make(**env: str) -> Kernel:
+        k = Kernel({**os.environ, **env}, cwd=tmp_path)
+        made.append(k)
         out = k.run("%load_ext jupyter_ext\nimport sys; print(sys.executable)")
         assert not out.errors, out.all_text
-        yield k
+        return k
+
+    try:
+        yield make
     finally:
-        k.close()
+        for k in made:
+            k.close()
+
+
+@pytest.fixture
+def kernel(make_kernel: KernelFactory) -> Kernel:
+    """A real ipykernel with the extension loaded and the test environment."""
+    return make_kernel()

@@ -157,6 +157,10 @@ class Kernel:
             self.manager.shutdown_kernel(now=True)
 
 
+KernelFactory = Callable[..., Kernel]
+"""``make_kernel(**env)`` (the conftest fixture): a started kernel with the extension loaded."""
+
+
 def _record(out: CellOutput, msg: dict[str, Any]) -> None:
     kind, content = msg["msg_type"], msg["content"]
     if kind == "stream":

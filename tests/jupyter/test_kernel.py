@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from jupyter_helpers import CellOutput, Kernel, descendants, wait_for, wait_gone
+from jupyter_helpers import CellOutput, Kernel, KernelFactory, descendants, wait_for, wait_gone
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,27 +38,20 @@ def _start_long_run(kernel: Kernel, runs: Path) -> tuple[CellOutput, list[psutil
     return out, procs
 
 
-def test_cancel_click_while_the_cell_runs(
-    tmp_path: Path, cpu_mode: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("SERVERLESS_GPU_DISPLAY", "widget")
-    kernel = Kernel(dict(os.environ), cwd=tmp_path)
-    try:
-        kernel.run("%load_ext jupyter_ext")
-        out, procs = _start_long_run(kernel, cpu_mode)
-        [cancel] = [c for c in out.comms if c["data"]["state"].get("description") == "Cancel"]
-        ranks = [p for p in procs if p.ppid() != kernel.pid]
-        kernel.click(cancel["comm_id"])
-        clicked = time.monotonic()
-        assert kernel.collect(out, 10, until=lambda: out.done)
-        assert time.monotonic() - clicked < 3
-        assert "CancelledError: run cancelled: cancelled from the notebook widget" in out.all_text
-        assert not wait_gone(ranks, 3)
-        assert "was cancelled" in out.text[-1]  # the widget's final text form says so
-        after = kernel.run("print('next cell runs')")  # the kernel is fine afterwards
-        assert "next cell runs" in after.all_text
-    finally:
-        kernel.close()
+def test_cancel_click_while_the_cell_runs(make_kernel: KernelFactory, cpu_mode: Path) -> None:
+    kernel = make_kernel(SERVERLESS_GPU_DISPLAY="widget")
+    out, procs = _start_long_run(kernel, cpu_mode)
+    [cancel] = [c for c in out.comms if c["data"]["state"].get("description") == "Cancel"]
+    ranks = [p for p in procs if p.ppid() != kernel.pid]
+    kernel.click(cancel["comm_id"])
+    clicked = time.monotonic()
+    assert kernel.collect(out, 10, until=lambda: out.done)
+    assert time.monotonic() - clicked < 3
+    assert "CancelledError: run cancelled: cancelled from the notebook widget" in out.all_text
+    assert not wait_gone(ranks, 3)
+    assert "was cancelled" in out.text[-1]  # the widget's final text form says so
+    after = kernel.run("print('next cell runs')")  # the kernel is fine afterwards
+    assert "next cell runs" in after.all_text
 
 
 def test_interrupt_stops_the_ranks(kernel: Kernel, cpu_mode: Path) -> None:
@@ -89,27 +82,21 @@ def test_kernel_end_ends_every_process(kernel: Kernel, cpu_mode: Path, how: str)
         assert wait_for(lambda: kernel.manager.is_alive(), 10)
 
 
-def test_load_ext_warms_up_the_launcher(
-    tmp_path: Path, cpu_mode: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("SERVERLESS_GPU_WARMUP", "1")
-    kernel = Kernel(dict(os.environ), cwd=tmp_path)
-    try:
-        kernel.run("%load_ext jupyter_ext")
+def test_load_ext_warms_up_the_launcher(make_kernel: KernelFactory, cpu_mode: Path) -> None:
+    kernel = make_kernel(SERVERLESS_GPU_WARMUP="1")
 
-        def launcher_with_standby_ranks() -> bool:
-            procs = descendants(kernel.pid)
-            launchers = [p for p in procs if p.ppid() == kernel.pid]
-            forked = [p for p in procs if p.ppid() != kernel.pid]
-            return (
-                len(launchers) == 1
-                and "serverless_gpu.launcher" in " ".join(launchers[0].cmdline())
-                and len(forked) == 2  # standby ranks, forked by the launcher
-            )
-
-        # No call was made: the extension started the launcher and standby ranks by itself.
-        assert wait_for(launcher_with_standby_ranks, 30), descendants(kernel.pid)
+    def launcher_with_standby_ranks() -> bool:
         procs = descendants(kernel.pid)
-    finally:
-        kernel.close()
+        launchers = [p for p in procs if p.ppid() == kernel.pid]
+        forked = [p for p in procs if p.ppid() != kernel.pid]
+        return (
+            len(launchers) == 1
+            and "serverless_gpu.launcher" in " ".join(launchers[0].cmdline())
+            and len(forked) == 2  # standby ranks, forked by the launcher
+        )
+
+    # No call was made: the extension started the launcher and standby ranks by itself.
+    assert wait_for(launcher_with_standby_ranks, 30), descendants(kernel.pid)
+    procs = descendants(kernel.pid)
+    kernel.close()
     assert not wait_gone(procs, 5)
