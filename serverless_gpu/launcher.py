@@ -10,6 +10,7 @@ Run as ``python -m serverless_gpu.launcher FD`` where FD is its end of a socketp
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import selectors
@@ -23,8 +24,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from .env import free_port
-from .lifetime import die_with_parent, terminate_groups
+from .lifetime import become_subreaper, die_with_parent, reap_adopted, terminate_groups
 from .protocol import CancelRun, Prewarm, Shutdown, StartRun
 from .rank_process import RankProcess, fork_rank
 from .supervision import RunSupervisor
@@ -59,6 +62,7 @@ class Launcher:
                 run.tick(now)
                 if run.finished:
                     self._close_run(run)
+            reap_adopted(self._known_pids())
 
     def emit(self, event: Any) -> None:
         try:
@@ -132,7 +136,8 @@ class Launcher:
             "CUDA_VISIBLE_DEVICES"
         )
         if other_devices or not all(r.alive() for r in ranks):
-            terminate_groups([r.pid for r in ranks if r.exit_status is None], grace=0.5)
+            alive = [r for r in ranks if r.exit_status is None]
+            terminate_groups([r.pid for r in alive], 0.5, reap=lambda: [r.poll() for r in alive])
             for r in ranks:
                 r.reap_blocking()
             return None
@@ -141,9 +146,36 @@ class Launcher:
     def _close_run(self, run: RunSupervisor) -> None:
         run.close()
         del self.runs[run.spec.run_id]
+        if not self.runs:
+            self._kill_adopted()
         self._refill_standby()
 
     # -- shutdown ------------------------------------------------------------------------------
+
+    def _known_pids(self) -> set[int]:
+        """Ranks (of runs and standby) not reaped yet; any other child is an adopted orphan."""
+        groups = [run.ranks for run in self.runs.values()] + list(self.standby.values())
+        return {r.pid for group in groups for r in group if r.exit_status is None}
+
+    def _kill_adopted(self) -> None:
+        """End what ranks left behind outside their process groups (a daemon that called
+        setsid): with no call running, every child that is not a standby rank is a leftover."""
+        known = self._known_pids()
+        for child in psutil.Process().children():
+            if child.pid not in known:
+                with contextlib.suppress(psutil.Error, OSError):
+                    if os.getpgid(child.pid) == child.pid:
+                        os.killpg(child.pid, signal.SIGKILL)  # its session's members too
+                    child.kill()
+        reap_adopted(known)
+
+    def _reap_all(self) -> None:
+        """Reap every rank that has exited (its pid stays reserved until then), then the
+        orphans it left to this subreaper (a killed rank's children)."""
+        for group in [run.ranks for run in self.runs.values()] + list(self.standby.values()):
+            for r in group:
+                r.poll()
+        reap_adopted(self._known_pids())
 
     def all_pids(self) -> list[int]:
         """Ranks not reaped yet: a reaped rank's pid (and group id) may belong to someone else."""
@@ -156,17 +188,18 @@ class Launcher:
         for run in self.runs.values():
             run.cancel("the launcher is shutting down")
         pids = self.all_pids()
-        terminate_groups(pids, grace=1.0)
+        terminate_groups(pids, 1.0, reap=self._reap_all)
         for run in list(self.runs.values()):
             for r in run.ranks:
                 r.reap_blocking()
             run.finish_now()
             self._close_run(run)
         standby = [r for group in self.standby.values() for r in group]
-        terminate_groups([r.pid for r in standby if r.alive()], grace=0.5)
+        terminate_groups([r.pid for r in standby if r.alive()], 0.5, reap=self._reap_all)
         for r in standby:
             r.reap_blocking()
         self.standby.clear()
+        self._kill_adopted()
         for folder in self.results_dirs:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -185,6 +218,7 @@ def main(argv: list[str]) -> int:
     fd = int(argv[1])
     if "--pdeathsig" in argv:
         die_with_parent(signal.SIGKILL)
+    become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides what an interrupt means
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # run `finally` below
     caller = Connection(socket.socket(fileno=fd).detach())

@@ -87,6 +87,17 @@ def test_keyboard_interrupt_kills_ranks_and_reraises(tmp_path: Path, gone: WaitG
     assert not gone(tree, timeout=5.0)
 
 
+def test_daemon_that_left_the_rank_group_ends_with_the_call(gone: WaitGone) -> None:
+    @distributed(gpus=2, output="none", tracking=False)
+    def start_daemon() -> int:
+        # A new session: killing the rank's process group does not reach it.
+        return subprocess.Popen(["sleep", "600"], start_new_session=True).pid
+
+    daemons = set(start_daemon.distributed())
+    # Adopted by the launcher (a subreaper) when its rank exited, and killed once no call runs.
+    assert not gone(daemons, timeout=5.0)
+
+
 def _fd_count() -> int:
     return psutil.Process().num_fds()
 
