@@ -24,6 +24,7 @@ RUNS_DIR_ENV = "SERVERLESS_GPU_RUNS_DIR"
 KEEP_RUNS_ENV = "SERVERLESS_GPU_KEEP_RUNS"
 DEFAULT_KEEP_RUNS = 20
 RESULTS_DIR_ENV = "SERVERLESS_GPU_RESULTS_DIR"
+_OWNER = "run_dir"
 MIN_TMPFS_BYTES = 1 << 30
 """A smaller /dev/shm (Docker's default is 64 MB) is left to NCCL and DataLoader workers."""
 
@@ -78,9 +79,12 @@ def new_run_dir(name: str) -> tuple[str, Path, Path | None]:
     if results_base is not None:
         results = results_base / path.name
         results.mkdir(mode=0o700)
+        # Callers with different runs directories share the results root: the link says whose
+        # twin this is, so that a twin is pruned only once its own run directory is gone.
+        (results / _OWNER).symlink_to(path)
     prune_runs(keep=int(os.environ.get(KEEP_RUNS_ENV, DEFAULT_KEEP_RUNS)), exclude=path)
     if results_base is not None:
-        prune_orphans(results_base, path.parent)
+        prune_orphans(results_base)
     return run_id, path, results
 
 
@@ -91,11 +95,12 @@ def result_paths(run_dir: Path, results_dir: Path | None, rank: int) -> list[Pat
     return [results_dir / name, run_dir / name] if results_dir else [run_dir / name]
 
 
-def prune_orphans(results_base: Path, runs: Path) -> None:
-    """Results twins of run directories that no longer exist: left by a caller and launcher
-    that were both killed before they could delete them (tmpfs files hold memory)."""
+def prune_orphans(results_base: Path) -> None:
+    """Results twins whose run directory no longer exists: left by a caller and launcher that
+    were both killed before they could delete them (tmpfs files hold memory)."""
     for twin in results_base.iterdir():
-        if not (runs / twin.name).exists():
+        owner = twin / _OWNER
+        if owner.is_symlink() and not owner.exists():  # the link's target, the run dir, is gone
             shutil.rmtree(twin, ignore_errors=True)
 
 

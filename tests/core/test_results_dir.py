@@ -54,18 +54,24 @@ def test_unusable_twin_falls_back_to_the_run_directory(dirs: tuple[Path, Path]) 
     assert [float(t[-1]) for t in lose_twin.distributed()] == [0.0, 1.0]
 
 
-def test_twins_of_vanished_runs_are_pruned(dirs: tuple[Path, Path]) -> None:
+def test_only_twins_of_vanished_runs_are_pruned(dirs: tuple[Path, Path], tmp_path: Path) -> None:
     _, results = dirs
-    orphan = results / "20200101-000000-fn-deadbeef0000"
-    orphan.mkdir(parents=True)
-    (orphan / "result_0.pkl").write_bytes(b"x" * 1000)
+    # Another caller's run, in another runs directory, still live: its twin must stay.
+    live_run = tmp_path / "other-runs" / "20200101-000000-fn-0123456789ab"
+    live_run.mkdir(parents=True)
+    twins = {name: results / name for name in ("20200101-000000-fn-deadbeef0000", live_run.name)}
+    for twin, owner in zip(twins.values(), (tmp_path / "gone", live_run), strict=True):
+        twin.mkdir(parents=True)
+        (twin / "run_dir").symlink_to(owner)
+        (twin / "result_0.pkl").write_bytes(b"x" * 1000)
 
     @distributed(gpus=1, output="none", tracking=False)
     def one() -> int:
         return 1
 
     assert one.distributed() == [1]
-    assert not orphan.exists()
+    assert not twins["20200101-000000-fn-deadbeef0000"].exists()
+    assert (twins[live_run.name] / "result_0.pkl").exists()
 
 
 def test_off_keeps_results_in_the_run_directory(monkeypatch: pytest.MonkeyPatch) -> None:
