@@ -27,7 +27,13 @@ from typing import Any
 import psutil
 
 from .env import free_port
-from .lifetime import become_subreaper, die_with_parent, reap_adopted, terminate_groups
+from .lifetime import (
+    become_subreaper,
+    die_with_parent,
+    kill_group,
+    reap_adopted,
+    terminate_groups,
+)
 from .protocol import CancelRun, Prewarm, Shutdown, StartRun
 from .rank_process import RankProcess, fork_rank
 from .supervision import RunSupervisor
@@ -44,6 +50,8 @@ class Launcher:
         self.selector.register(caller.fileno(), selectors.EVENT_READ, self._on_caller)
         self.runs: dict[str, RunSupervisor] = {}
         self.standby: dict[tuple[str, int], list[RankProcess]] = {}
+        self.retired: list[RankProcess] = []
+        """Standby ranks killed to make room for a call, not reaped yet."""
         self.warm_shapes: set[tuple[str, int]] = set()
         self.preload: set[str] = set()
         self.results_dirs: deque[Path] = deque(maxlen=256)
@@ -62,6 +70,7 @@ class Launcher:
                 run.tick(now)
                 if run.finished:
                     self._close_run(run)
+            self._reap_retired()
             reap_adopted(self._known_pids())
 
     def emit(self, event: Any) -> None:
@@ -106,6 +115,10 @@ class Launcher:
         ranks = self._take_standby(spec.device, spec.world_size, spec.env)
         if ranks is None:
             ranks = [fork_rank(None) for _ in range(spec.world_size)]
+        # Standby ranks of other shapes would sit on the GPUs (or cores) this call uses; they
+        # are made again once no call runs.
+        for key in [key for key in self.standby if key[0] == spec.device]:
+            self._retire(self.standby.pop(key))
         run = RunSupervisor(spec, ranks, free_port(taken), self.emit, self.selector)
         self.runs[spec.run_id] = run
         run.start()
@@ -136,12 +149,23 @@ class Launcher:
             "CUDA_VISIBLE_DEVICES"
         )
         if other_devices or not all(r.alive() for r in ranks):
-            alive = [r for r in ranks if r.exit_status is None]
-            terminate_groups([r.pid for r in alive], 0.5, reap=lambda: [r.poll() for r in alive])
-            for r in ranks:
-                r.reap_blocking()
+            self._retire(ranks)
             return None
         return ranks
+
+    def _retire(self, ranks: list[RankProcess]) -> None:
+        """Stop standby ranks without waiting for them (the call that needs their place is
+        starting): they hold nothing of a user's, so SIGKILL; the loop reaps them."""
+        for r in ranks:
+            if r.exit_status is None:
+                kill_group(r.pid, signal.SIGKILL)
+        self.retired.extend(ranks)
+
+    def _reap_retired(self) -> None:
+        for r in self.retired:
+            if r.poll() is not None:
+                r.close()
+        self.retired = [r for r in self.retired if r.exit_status is None]
 
     def _close_run(self, run: RunSupervisor) -> None:
         run.close()
@@ -155,6 +179,7 @@ class Launcher:
     def _known_pids(self) -> set[int]:
         """Ranks (of runs and standby) not reaped yet; any other child is an adopted orphan."""
         groups = [run.ranks for run in self.runs.values()] + list(self.standby.values())
+        groups.append(self.retired)
         return {r.pid for group in groups for r in group if r.exit_status is None}
 
     def _kill_adopted(self) -> None:
@@ -175,6 +200,7 @@ class Launcher:
         for group in [run.ranks for run in self.runs.values()] + list(self.standby.values()):
             for r in group:
                 r.poll()
+        self._reap_retired()
         reap_adopted(self._known_pids())
 
     def all_pids(self) -> list[int]:
@@ -199,6 +225,9 @@ class Launcher:
         for r in standby:
             r.reap_blocking()
         self.standby.clear()
+        for r in self.retired:
+            r.reap_blocking()
+        self.retired.clear()
         self._kill_adopted()
         for folder in self.results_dirs:
             shutil.rmtree(folder, ignore_errors=True)

@@ -51,3 +51,23 @@ def test_no_standby_ranks_are_made_while_a_call_runs() -> None:
     # After the call: a fresh set for each shape asked for, 2 + 3 processes, none reused.
     after = _wait_ranks(launcher, 5)
     assert not after & standby
+
+
+def test_standby_ranks_of_other_shapes_make_room_for_a_call() -> None:
+    @distributed(gpus=2, output="none", tracking=False)
+    def hold(seconds: float) -> int:
+        time.sleep(seconds)
+        return serverless_gpu.get_global_rank()
+
+    launcher = _launcher()
+    serverless_gpu.warm_up(gpus=3, gpu_type="cpu")
+    before = _wait_ranks(launcher, 5)  # a set of 2 (the decoration) and a set of 3
+    handle = hold.start(3.0)
+    # The call takes the set of 2; the set of 3 would sit on the devices it uses, so it goes.
+    during = _wait_ranks(launcher, 2)
+    assert during < before
+    time.sleep(1.0)
+    assert _ranks(launcher) == during  # and nothing new appears while the call runs
+    assert handle.result() == [0, 1]
+    after = _wait_ranks(launcher, 5)  # both shapes ready again, fresh processes
+    assert not after & before
