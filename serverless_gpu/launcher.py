@@ -39,6 +39,7 @@ from .rank_process import RankProcess, fork_rank
 from .supervision import RunSupervisor
 
 _TICK_S = 0.05
+MAX_WARM_SHAPES = 2
 
 
 class Launcher:
@@ -52,7 +53,8 @@ class Launcher:
         self.standby: dict[tuple[str, int], list[RankProcess]] = {}
         self.retired: list[RankProcess] = []
         """Standby ranks killed to make room for a call, not reaped yet."""
-        self.warm_shapes: set[tuple[str, int]] = set()
+        self.warm_shapes: dict[tuple[str, int], None] = {}
+        """(device, world size) asked for by Prewarm, least recently used first."""
         self.preload: set[str] = set()
         self.results_dirs: deque[Path] = deque(maxlen=256)
         """tmpfs folders of this caller's runs: deleted at shutdown in case the caller died
@@ -104,11 +106,12 @@ class Launcher:
                 run.cancel(message.reason)
         elif isinstance(message, Prewarm):
             self.preload.update(message.preload)
-            self.warm_shapes.add((message.device, message.world_size))
+            self._use_shape((message.device, message.world_size), add=True)
         elif isinstance(message, Shutdown):
             self.running = False
 
     def _start(self, spec: StartRun) -> None:
+        self._use_shape((spec.device, spec.world_size), add=spec.standby)
         if spec.results_dir is not None:
             self.results_dirs.append(spec.results_dir)
         taken = {r.master_port for r in self.runs.values()}
@@ -125,13 +128,25 @@ class Launcher:
 
     # -- standby ranks -------------------------------------------------------------------------
 
+    def _use_shape(self, key: tuple[str, int], add: bool) -> None:
+        """Mark a shape as just used (a call with standby=False adds none). Only the latest
+        MAX_WARM_SHAPES keep standby ranks: every set holds a CUDA context on GPU 0."""
+        if key not in self.warm_shapes and not add:
+            return
+        self.warm_shapes.pop(key, None)
+        self.warm_shapes[key] = None
+        while len(self.warm_shapes) > MAX_WARM_SHAPES:
+            oldest = next(iter(self.warm_shapes))
+            del self.warm_shapes[oldest]
+            self._retire(self.standby.pop(oldest, []))
+
     def _refill_standby(self) -> None:
         """Standby ranks for every shape asked for, made only while no call runs: during a
         call they would hold a CUDA context (and CPU time) on the GPUs the call is using."""
         if not self.running or self.runs:
             return
         _preload(self.preload)
-        for device, world_size in sorted(self.warm_shapes):
+        for device, world_size in self.warm_shapes:
             if not self.standby.get((device, world_size)):
                 cuda = device == "cuda"
                 self.standby[(device, world_size)] = [

@@ -36,6 +36,8 @@ class StartRun:
     timeout: float | None
     grace: float
     """Seconds between SIGTERM and SIGKILL when ranks are stopped."""
+    standby: bool = True
+    """Keep standby ranks of this shape ready for the next call (the decorator's option)."""
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,7 @@ class LocalBackend:
                     sys_path=request.sys_path,
                     timeout=ctx.timeout,
                     grace=request.grace,
+                    standby=bool(ctx.options.get("standby", True)),
                 )
             )
         except OSError as exc:

@@ -71,3 +71,20 @@ def test_standby_ranks_of_other_shapes_make_room_for_a_call() -> None:
     assert handle.result() == [0, 1]
     after = _wait_ranks(launcher, 5)  # both shapes ready again, fresh processes
     assert not after & before
+
+
+def test_standby_is_kept_for_the_two_latest_shapes() -> None:
+    @distributed(gpus=1, output="none", tracking=False)
+    def one() -> int:
+        return serverless_gpu.get_global_rank()
+
+    launcher = _launcher()
+    _wait_ranks(launcher, 1)
+    serverless_gpu.warm_up(gpus=2, gpu_type="cpu")
+    _wait_ranks(launcher, 3)
+    serverless_gpu.warm_up(gpus=3, gpu_type="cpu")
+    _wait_ranks(launcher, 5)  # the shapes 2 and 3; the set of 1, least recently used, went
+    time.sleep(1.0)
+    assert len(_ranks(launcher)) == 5
+    assert one.distributed() == [0]  # from freshly forked ranks
+    _wait_ranks(launcher, 4)  # its call made the shape 1 recent again: the shapes 1 and 3
