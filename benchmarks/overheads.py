@@ -16,13 +16,9 @@ from __future__ import annotations
 
 import os
 
-# NVLink multicast stays off in this process and in every process it starts.
-for _key, _value in (
-    ("NCCL_NVLS_ENABLE", "0"),
-    ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-    ("NVSHMEM_DISABLE_NVLS", "1"),
-):
-    os.environ.setdefault(_key, _value)
+from serverless_gpu.env import multicast_off
+
+multicast_off(os.environ)  # NVLink multicast off here and in every process started from here
 
 import json
 import shutil

@@ -28,12 +28,9 @@ from pathlib import Path
 
 import psutil
 
-for _key, _value in {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}.items():
-    os.environ.setdefault(_key, _value)
+from serverless_gpu.env import multicast_off
+
+multicast_off(os.environ)  # NVLink multicast off here and in every process started from here
 
 import serverless_gpu  # noqa: E402
 from serverless_gpu import distributed  # noqa: E402

@@ -10,6 +10,19 @@ RUN_ID_ENV = "SERVERLESS_GPU_RUN_ID"
 RUN_DIR_ENV = "SERVERLESS_GPU_RUN_DIR"
 RANK_INIT_ENV = "SERVERLESS_GPU_RANK_INIT"
 METRICS_INTERVAL_ENV = "SERVERLESS_GPU_SYSTEM_METRICS_INTERVAL"
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+"""NVLink multicast off in NCCL, PyTorch and NVSHMEM unless the caller's environment says
+otherwise: on shared GPU hosts a program using it has put the host's GPUs out of service."""
+
+
+def multicast_off(env: dict[str, str] | os._Environ[str]) -> None:
+    """Set every :data:`MULTICAST_OFF` variable that ``env`` does not set already."""
+    for key, value in MULTICAST_OFF.items():
+        env.setdefault(key, value)
 
 
 def free_port(exclude: set[int]) -> int:
@@ -52,4 +65,5 @@ def rank_env(
     env[RUN_DIR_ENV] = run_dir
     # Without this, every rank starts one OpenMP thread per core and they oversubscribe the CPU.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
+    multicast_off(env)
     return env

@@ -65,6 +65,9 @@ def test_environment_of_each_rank(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
             "OMP_NUM_THREADS",
             "SET_AFTER_DECORATION",
             "CUDA_VISIBLE_DEVICES",
+            "NCCL_NVLS_ENABLE",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+            "NVSHMEM_DISABLE_NVLS",
         ]
         return {
             **{k: os.environ.get(k) for k in keys},
@@ -77,6 +80,9 @@ def test_environment_of_each_rank(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.setenv("SET_AFTER_DECORATION", "yes")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    monkeypatch.delenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", raising=False)
+    monkeypatch.setenv("NVSHMEM_DISABLE_NVLS", "0")  # the caller's own choice is kept
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend("/call/time/entry")
     r0, r1 = env.distributed()
@@ -90,6 +96,9 @@ def test_environment_of_each_rank(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
         assert int(e["OMP_NUM_THREADS"]) >= 1
         assert e["SET_AFTER_DECORATION"] == "yes"
         assert e["CUDA_VISIBLE_DEVICES"] == ""
+        # NVLink multicast off unless the caller chose otherwise.
+        assert e["NCCL_NVLS_ENABLE"] == "0" and e["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+        assert e["NVSHMEM_DISABLE_NVLS"] == "0"
         assert e["cwd"] == str(tmp_path)
         assert e["path_entry"] is True
         assert e["pid"] != os.getpid()
