@@ -129,6 +129,8 @@ class RunHandle(Generic[R]):
         elif isinstance(event, RunFinished):
             self.finished = event
             self.status = event.status
+            if event.status is not RunStatus.SUCCEEDED:
+                _drop_bulk_files(self.context)  # no results to load; nobody may ask for them
         elif self.status is RunStatus.PENDING:
             self.status = RunStatus.RUNNING
         for subscriber in self._subscribers:

@@ -261,10 +261,22 @@ def _preload(modules: set[str]) -> None:
 def main(argv: list[str]) -> int:
     fd = int(argv[1])
     if "--pdeathsig" in argv:
-        die_with_parent(signal.SIGKILL)
+        # TERM, not KILL: the orderly shutdown below also deletes the runs' tmpfs results. The
+        # ranks die with this process whatever happens (their own parent-death signal is KILL).
+        die_with_parent(signal.SIGTERM)
     become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides what an interrupt means
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # run `finally` below
+    started: list[Launcher] = []
+
+    def on_term(*_: object) -> None:
+        # Once serving, end the loop rather than raise: the caller's death brings both EOF and
+        # (through the parent-death signal) TERM, and an exception raised into the shutdown
+        # that EOF started would cut it short. Before that there is nothing to clean up.
+        if not started:
+            raise SystemExit(0)
+        started[0].running = False
+
+    signal.signal(signal.SIGTERM, on_term)
     caller = Connection(socket.socket(fileno=fd).detach())
     # Preload what every rank needs, so that a forked rank starts with it already imported.
     import cloudpickle  # noqa: F401
@@ -273,6 +285,7 @@ def main(argv: list[str]) -> int:
     from . import runtime, worker  # noqa: F401
 
     launcher = Launcher(caller)
+    started.append(launcher)
     try:
         launcher.serve()
     finally:

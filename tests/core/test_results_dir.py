@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,22 @@ def test_off_keeps_results_in_the_run_directory(monkeypatch: pytest.MonkeyPatch)
         return _tensor_rank()
 
     assert [float(t[0]) for t in ranks.distributed()] == [0.0, 1.0]
+
+
+def test_twin_of_a_cancelled_call_goes_even_if_nobody_asks_for_its_result(
+    dirs: tuple[Path, Path],
+) -> None:
+    _, results = dirs
+
+    @distributed(gpus=2, output="none", tracking=False)
+    def forever() -> None:
+        time.sleep(600)
+
+    handle = forever.start()
+    deadline = time.monotonic() + 30
+    while not list(results.iterdir()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    handle.cancel("test")
+    assert handle.wait(30)  # as .distributed() does on KeyboardInterrupt: no result() call
+    assert not list(results.iterdir())
