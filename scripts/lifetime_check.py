@@ -62,8 +62,8 @@ CALLER = textwrap.dedent(
     while len(started) < gpus:
         handle.wait(0.05)
     time.sleep(1.0)
-    print("READY", flush=True)
-    try:
+    try:  # entered before READY: an interrupt right after it must land in this block
+        print("READY", flush=True)
         handle.result()
     except KeyboardInterrupt:
         print("INTERRUPTED", flush=True)

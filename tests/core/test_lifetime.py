@@ -37,8 +37,8 @@ _CALLER = textwrap.dedent(
     while len(started) < 2:
         handle.wait(0.05)
     time.sleep(0.5)
-    print("READY", flush=True)
-    try:
+    try:  # entered before READY: an interrupt right after it must land in this block
+        print("READY", flush=True)
         handle.result()
     except KeyboardInterrupt:
         print("INTERRUPTED", flush=True)
