@@ -15,19 +15,15 @@ unsharded attempt ran out of memory and the sharded peak stayed under the cap.
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
 import sys
 from typing import Any
 
-from serverless_gpu.env import multicast_off
+from _checks import check, rank_parser, ranks, summary
 
-multicast_off(os.environ)  # NVLink multicast off here and in every process started from here
-
-import serverless_gpu  # noqa: E402
-from serverless_gpu import distributed, runtime  # noqa: E402
-from serverless_gpu.gpus import visible_gpu_names  # noqa: E402
+import serverless_gpu
+from serverless_gpu import distributed, runtime
+from serverless_gpu.gpus import visible_gpu_names
 
 
 def train_sharded(layers: int, width: int, cap_gib: float, steps: int) -> dict[str, Any]:
@@ -107,15 +103,13 @@ def _train_unsharded(model: Any, device: Any) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cpu", action="store_true")
-    parser.add_argument("--gpus", type=int, default=None)
+    parser = rank_parser()
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--width", type=int, default=None)
     parser.add_argument("--cap-gib", type=float, default=16.0)
     parser.add_argument("--steps", type=int, default=5)
     a = parser.parse_args()
-    gpus = a.gpus or (2 if a.cpu else len(visible_gpu_names()))
+    gpus, gpu_type = ranks(a)
     layers = a.layers or (4 if a.cpu else 24)
     width = a.width or (64 if a.cpu else 8192)
     params = layers * (width * width + width)
@@ -125,35 +119,36 @@ def main() -> int:
         f"train unsharded with Adam; cap {a.cap_gib:g} GiB per GPU",
         flush=True,
     )
-    fn = distributed(gpus=gpus, gpu_type="cpu" if a.cpu else None, tracking=False)(train_sharded)
+    fn = distributed(gpus=gpus, gpu_type=gpu_type, tracking=False)(train_sharded)
     try:
         out = fn.distributed(layers, width, a.cap_gib, a.steps)
     finally:
         serverless_gpu.shutdown()
-    checks = {
-        "every rank returned, in order": [r["rank"] for r in out] == list(range(gpus)),
-        "each rank holds 1/N of the parameters": all(
-            r["total_params"] == params and abs(r["local_params"] * gpus - params) <= gpus * width
-            for r in out
-        ),
-        "the loss falls": all(
-            math.isfinite(r["losses"][-1]) and r["losses"][-1] < r["losses"][0] for r in out
-        ),
-    }
-    if not a.cpu:
-        checks["unsharded one-GPU step ran out of memory under the cap"] = (
-            out[0]["unsharded"] == "out of memory"
-        )
-        checks["sharded peak under the cap"] = all(r["peak_gib"] < a.cap_gib for r in out)
     for r in out:
         print(
             f"rank {r['rank']}: {r['local_params']:,} of {r['total_params']:,} parameters; "
             f"loss {r['losses'][0]:.4g} -> {r['losses'][-1]:.4g}; peak {r['peak_gib']:.2f} GiB; "
             f"unsharded: {r['unsharded']}"
         )
-    for name, ok in checks.items():
-        print(f"{'PASS' if ok else 'FAIL'}  {name}")
-    return 0 if all(checks.values()) else 1
+    check("every rank returned, in order", [r["rank"] for r in out] == list(range(gpus)))
+    check(
+        "each rank holds 1/N of the parameters",
+        all(
+            r["total_params"] == params and abs(r["local_params"] * gpus - params) <= gpus * width
+            for r in out
+        ),
+    )
+    check(
+        "the loss falls",
+        all(math.isfinite(r["losses"][-1]) and r["losses"][-1] < r["losses"][0] for r in out),
+    )
+    if not a.cpu:
+        check(
+            "unsharded one-GPU step ran out of memory under the cap",
+            out[0]["unsharded"] == "out of memory",
+        )
+        check("sharded peak under the cap", all(r["peak_gib"] < a.cap_gib for r in out))
+    return summary()
 
 
 if __name__ == "__main__":

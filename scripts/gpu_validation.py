@@ -9,31 +9,21 @@ The caller (this process) never initialises CUDA: GPU facts come from NVML.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from serverless_gpu.env import multicast_off
+from _checks import check, rank_parser, ranks, summary
 
-multicast_off(os.environ)  # NVLink multicast off here and in every process started from here
+import serverless_gpu
+from serverless_gpu import GPUConfigError, distributed, runtime
+from serverless_gpu.events import RankStarted
+from serverless_gpu.gpus import resolve_placement, visible_gpu_names
 
-import serverless_gpu  # noqa: E402
-from serverless_gpu import GPUConfigError, distributed, runtime  # noqa: E402
-from serverless_gpu.events import RankStarted  # noqa: E402
-from serverless_gpu.gpus import resolve_placement, visible_gpu_names  # noqa: E402
-
-FAILURES: list[str] = []
 MIN_CONTEXT_MIB = 64
 """Less than this freed at shutdown means no standby CUDA context was measured."""
-
-
-def check(name: str, ok: bool, detail: str) -> None:
-    print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}", flush=True)
-    if not ok:
-        FAILURES.append(name)
 
 
 def nccl_all_reduce() -> dict[str, Any]:
@@ -280,19 +270,13 @@ def check_cancel(gpus: int, gpu_type: str | None) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cpu", action="store_true")
-    parser.add_argument("--gpus", type=int, default=None)
-    args = parser.parse_args()
-    gpu_type = "cpu" if args.cpu else None
-    gpus = args.gpus or (2 if args.cpu else len(visible_gpu_names()))
+    gpus, gpu_type = ranks(rank_parser().parse_args())
     print(f"serverless_gpu {serverless_gpu.__version__}, python {sys.version.split()[0]}")
     try:
         run_checks(gpus, gpu_type)
     finally:
         serverless_gpu.shutdown()
-    print(f"{len(FAILURES)} failed: {FAILURES}" if FAILURES else "all checks passed")
-    return 1 if FAILURES else 0
+    return summary()
 
 
 if __name__ == "__main__":

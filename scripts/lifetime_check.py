@@ -16,7 +16,6 @@ SIGKILL is real. This process never initialises CUDA.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -27,18 +26,13 @@ import time
 from pathlib import Path
 
 import psutil
+from _checks import check, rank_parser, ranks, summary
 
-from serverless_gpu.env import multicast_off
-
-multicast_off(os.environ)  # NVLink multicast off here and in every process started from here
-
-import serverless_gpu  # noqa: E402
-from serverless_gpu import distributed  # noqa: E402
-from serverless_gpu.gpus import visible_gpu_names  # noqa: E402
-from serverless_gpu.rundirs import results_root  # noqa: E402
+import serverless_gpu
+from serverless_gpu import distributed
+from serverless_gpu.rundirs import results_root
 
 GONE_LIMIT_S = 3.0
-FAILURES: list[str] = []
 
 CALLER = textwrap.dedent(
     """
@@ -70,12 +64,6 @@ CALLER = textwrap.dedent(
         raise
     """
 )
-
-
-def check(name: str, ok: bool, detail: str) -> None:
-    print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}", flush=True)
-    if not ok:
-        FAILURES.append(name)
 
 
 def wait_gone(pids: set[int], limit: float) -> tuple[set[int], float]:
@@ -188,12 +176,7 @@ def check_no_listening_socket() -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cpu", action="store_true")
-    parser.add_argument("--gpus", type=int, default=None)
-    args = parser.parse_args()
-    gpu_type = "cpu" if args.cpu else None
-    gpus = args.gpus or (2 if args.cpu else len(visible_gpu_names()))
+    gpus, gpu_type = ranks(rank_parser().parse_args())
     print(f"serverless_gpu {serverless_gpu.__version__}: {gpus} x {gpu_type or 'GPU'}", flush=True)
     folder = Path(tempfile.mkdtemp(prefix="sgpu-callers-"))
     try:
@@ -203,8 +186,7 @@ def main() -> int:
         check_no_listening_socket()
     finally:
         serverless_gpu.shutdown()
-    print(f"{len(FAILURES)} failed: {FAILURES}" if FAILURES else "all checks passed")
-    return 1 if FAILURES else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,11 @@ _CALLER = textwrap.dedent(
     from serverless_gpu import distributed
     from serverless_gpu.events import RankStarted
 
-    @distributed(gpus=2, gpu_type="cpu", output="none")
+    # "no-standby": no warm-up thread, so the call starts the launcher from the main thread,
+    # with a parent-death signal.
+    standby = sys.argv[1:] != ["no-standby"]
+
+    @distributed(gpus=2, gpu_type="cpu", output="none", standby=standby)
     def forever():
         import subprocess
         subprocess.Popen(["sleep", "600"])  # a grandchild: must die with the rank
@@ -47,11 +51,14 @@ _CALLER = textwrap.dedent(
 )
 
 
-def _start_caller(tmp_path: Path) -> tuple[subprocess.Popen[str], set[int]]:
+def _start_caller(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], set[int]]:
     script = tmp_path / "caller.py"
     script.write_text(_CALLER)
     proc = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, str(script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     lines: list[str] = []
@@ -98,49 +105,16 @@ def test_daemon_that_left_the_rank_group_ends_with_the_call(gone: WaitGone) -> N
     assert not gone(daemons, timeout=5.0)
 
 
-_MAIN_THREAD_CALLER = textwrap.dedent(
-    """
-    import time
-    from serverless_gpu import distributed
-    from serverless_gpu.events import RankStarted
-
-    # standby=False: no warm-up thread, so the call starts the launcher from the main thread,
-    # with a parent-death signal.
-    @distributed(gpus=2, gpu_type="cpu", output="none", tracking=False, standby=False)
-    def forever():
-        time.sleep(600)
-
-    handle = forever.start()
-    started = set()
-    handle.subscribe(lambda e: started.add(e.rank) if isinstance(e, RankStarted) else None)
-    while len(started) < 2:
-        handle.wait(0.05)
-    print("READY", flush=True)
-    handle.result()
-    """
-)
-
-
 @pytest.mark.timeout(120)
 def test_killed_caller_leaves_no_tmpfs_results(
     tmp_path: Path, gone: WaitGone, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     results = tmp_path / "results"
     monkeypatch.setenv(RESULTS_DIR_ENV, str(results))
-    script = tmp_path / "caller.py"
-    script.write_text(_MAIN_THREAD_CALLER)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        lines = [proc.stdout.readline()]
-        while lines[-1] not in ("READY\n", ""):
-            lines.append(proc.stdout.readline())
-        assert lines[-1] == "READY\n", lines  # both ranks run
-        assert len(list(results.iterdir())) == 1  # the call's twin
-        tree = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
-    finally:
-        proc.kill()
-        proc.wait()
+    proc, tree = _start_caller(tmp_path, "no-standby")
+    assert len(list(results.iterdir())) == 1  # the call's twin
+    proc.kill()
+    proc.wait()
     assert not gone(tree, timeout=5.0)
     assert not list(results.iterdir())  # the launcher's shutdown deleted it
 
