@@ -1,0 +1,129 @@
+"""How fast one process can put a large tensor into a tmpfs file, by method, side by side.
+
+    PYTHONPATH=. python benchmarks/tmpfs_write.py [--gib 1] [--reps 3] [--dir /dev/shm]
+
+The result transfer's floor is one write of each rank's result into fresh tmpfs pages. This
+measures that write in this process, each repetition into a new file, methods interleaved:
+
+* ``dump_result``: the library's writer;
+* ``write``: one ``write()`` of the whole tensor (the kernel copies, one thread);
+* ``pwrite xK``: K threads, each ``pwrite()``-ing its slice;
+* ``mmap copy xK``: the file mapped shared, the tensor copied in by ``Tensor.copy_`` with K
+  torch threads (page faults in parallel).
+
+Where CUDA is available, the same tensor on GPU 0 through ``dump_result`` (torch copies it to
+host memory, then writes) and through ``mmap copy`` (copied from the device straight into the
+mapped file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import itertools
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from serverless_gpu.serialization import dump_result
+
+
+def _buffer(tensor: torch.Tensor) -> Any:
+    return (ctypes.c_char * tensor.nbytes).from_address(tensor.data_ptr())
+
+
+def write_once(tensor: torch.Tensor, path: Path) -> None:
+    with open(path, "wb") as f:
+        f.write(memoryview(_buffer(tensor)))
+
+
+def pwrite_threads(k: int) -> Callable[[torch.Tensor, Path], None]:
+    def run(tensor: torch.Tensor, path: Path) -> None:
+        view = memoryview(_buffer(tensor))
+        n = tensor.nbytes
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, n)
+            bounds = [n * i // k for i in range(k + 1)]
+
+            def part(a: int, b: int) -> None:
+                while a < b:
+                    a += os.pwrite(fd, view[a:b], a)
+
+            threads = [threading.Thread(target=part, args=ab) for ab in itertools.pairwise(bounds)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            os.close(fd)
+
+    return run
+
+
+def mmap_copy(k: int) -> Callable[[torch.Tensor, Path], None]:
+    def run(tensor: torch.Tensor, path: Path) -> None:
+        n = tensor.nbytes
+        with open(path, "wb") as f:
+            f.truncate(n)
+        dst = torch.from_file(str(path), shared=True, size=n, dtype=torch.uint8)
+        before = torch.get_num_threads()
+        torch.set_num_threads(k)
+        try:
+            dst.copy_(tensor.view(-1).view(torch.uint8))
+        finally:
+            torch.set_num_threads(before)
+        del dst
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dir", default="/dev/shm")
+    a = parser.parse_args()
+    nbytes = int(a.gib * 2**30) // 4 * 4
+    tensor = torch.ones(nbytes // 4, dtype=torch.float32)
+    cores = os.cpu_count() or 1
+    ks = sorted({2, 4, 8, min(16, cores)} - {1})
+    methods: dict[str, Callable[[torch.Tensor, Path], None]] = {
+        "dump_result": dump_result,
+        "write": write_once,
+        **{f"pwrite x{k}": pwrite_threads(k) for k in ks},
+        "mmap copy x1": mmap_copy(1),
+        **{f"mmap copy x{k}": mmap_copy(k) for k in ks},
+    }
+    sources = {name: tensor for name in methods}
+    if torch.cuda.is_available():
+        on_gpu = tensor.cuda()
+        for name, method in (("dump_result", dump_result), ("mmap copy x1", mmap_copy(1))):
+            methods[f"cuda {name}"] = method
+            sources[f"cuda {name}"] = on_gpu
+    rates: dict[str, list[float]] = {name: [] for name in methods}
+    path = Path(a.dir) / f"tmpfs-write-{os.getpid()}"
+    for _ in range(a.reps):
+        for name, method in methods.items():
+            path.unlink(missing_ok=True)
+            t0 = time.perf_counter()
+            method(sources[name], path)
+            rates[name].append(nbytes / 1e9 / (time.perf_counter() - t0))
+            assert path.stat().st_size >= nbytes
+            path.unlink()
+    threads = torch.get_num_threads()
+    print(f"{nbytes / 2**30:g} GiB into {a.dir}, {cores} cores, torch threads {threads}")
+    print("| method | GB/s median | all reps |")
+    print("| --- | --- | --- |")
+    for name, rs in rates.items():
+        print(f"| {name} | {statistics.median(rs):.2f} | {', '.join(f'{r:.2f}' for r in rs)} |")
+
+
+if __name__ == "__main__":
+    main()
