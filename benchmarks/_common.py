@@ -40,6 +40,8 @@ class Settings:
     quick: bool
     out: Path | None
     gpu_names: tuple[str, ...]
+    only: tuple[str, ...] = ()
+    """Sections to run (``--only``); empty: all of them."""
 
     @property
     def cpu(self) -> bool:
@@ -53,6 +55,7 @@ def parse_settings(description: str, argv: Sequence[str] | None = None) -> Setti
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default 5; quick: 1)")
     parser.add_argument("--quick", action="store_true", help="CI-size run: tiny sizes, 1 rep")
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here (md)")
+    parser.add_argument("--only", action="append", default=[], help="run only this section")
     args = parser.parse_args(argv)
     names = () if args.cpu else tuple(gpu_names())
     device = "cuda" if names else "cpu"
@@ -62,7 +65,8 @@ def parse_settings(description: str, argv: Sequence[str] | None = None) -> Setti
     if world < 1:
         parser.error("--gpus must be at least 1")
     reps = args.reps if args.reps is not None else (1 if args.quick else 5)
-    return Settings(world, device, max(1, reps), args.quick, args.out, names[:world])
+    only = tuple(args.only)
+    return Settings(world, device, max(1, reps), args.quick, args.out, names[:world], only)
 
 
 def gpu_names() -> list[str]:

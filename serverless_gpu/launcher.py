@@ -65,7 +65,7 @@ class Launcher:
 
     def serve(self) -> None:
         while self.running:
-            for key, _ in self.selector.select(timeout=_TICK_S):
+            for key, _ in self.selector.select(timeout=self._timeout()):
                 key.data(key.fileobj)
             now = time.monotonic()
             for run in list(self.runs.values()):
@@ -74,6 +74,10 @@ class Launcher:
                     self._close_run(run)
             self._reap_retired()
             reap_adopted(self._known_pids())
+
+    def _timeout(self) -> float:
+        wakes = [t for run in self.runs.values() if (t := run.next_wake()) is not None]
+        return min(_TICK_S, max(0.0, min(wakes) - time.monotonic())) if wakes else _TICK_S
 
     def emit(self, event: Any) -> None:
         try:

@@ -8,9 +8,10 @@ import signal
 import socket
 from multiprocessing.connection import Connection
 
-from .output import LineSplitter
+from .output import LineSplitter, OutputPacer
 
 _F_SETPIPE_SZ = 1031
+_F_GETPIPE_SZ = 1032
 _PIPE_BYTES = 1 << 20  # a large pipe lets a rank burst output while the launcher is busy
 _BLOCKED = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
@@ -24,6 +25,7 @@ class RankProcess:
         self.pidfd = os.pidfd_open(pid)
         self.pipes = {"stdout": stdout_r, "stderr": stderr_r}
         self.splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
+        self.pacer = OutputPacer(min(fcntl.fcntl(fd, _F_GETPIPE_SZ) for fd in self.pipes.values()))
         self.exit_status: int | None = None
 
     def alive(self) -> bool:

@@ -144,17 +144,33 @@ class RunSupervisor:
     def _on_output(self, rank: int, stream: str) -> None:
         proc = self.ranks[rank]
         data, eof = proc.read(stream)
+        now = time.monotonic()
         if data:
             self.logs[rank].write(data)
-            pieces = proc.splitters[stream].feed(data, time.monotonic())
+            pieces = proc.splitters[stream].feed(data, now)
             if pieces:
                 self.emit(OutputLines(self.spec.run_id, rank, stream, tuple(pieces), time.time()))
+        was_paused = stream in proc.pacer.paused
         if eof:
-            self.selector.unregister(proc.pipes[stream])
+            if not was_paused:
+                self.selector.unregister(proc.pipes[stream])
+            proc.pacer.paused.pop(stream, None)
             proc.close_pipe(stream)
             rest = proc.splitters[stream].close()
             if rest:
                 self.emit(OutputLines(self.spec.run_id, rank, stream, tuple(rest), time.time()))
+            return
+        paused = proc.pacer.after_read(stream, bool(data), now)
+        if paused and not was_paused:
+            self.selector.unregister(proc.pipes[stream])
+        elif was_paused and not paused:
+            self.selector.register(
+                proc.pipes[stream], selectors.EVENT_READ, self._cb(self._on_output, rank, stream)
+            )
+
+    def next_wake(self) -> float | None:
+        """When a paused output stream is due to be read (see OutputPacer)."""
+        return min((t for p in self.ranks if (t := p.pacer.next_due()) is not None), default=None)
 
     def _on_exit(self, rank: int) -> None:
         proc = self.ranks[rank]
@@ -221,6 +237,8 @@ class RunSupervisor:
 
     def tick(self, now: float) -> None:
         for rank, proc in enumerate(self.ranks):
+            for stream in proc.pacer.due(now):
+                self._on_output(rank, stream)
             for stream, splitter in proc.splitters.items():
                 piece = splitter.flush_idle(now) if stream in proc.pipes else None
                 if piece:

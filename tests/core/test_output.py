@@ -8,7 +8,7 @@ import pytest
 
 from serverless_gpu import distributed, runtime
 from serverless_gpu.events import OutputLines
-from serverless_gpu.output import LineSplitter
+from serverless_gpu.output import HOT_GAP_S, PAUSE_S, LineSplitter, OutputPacer
 
 
 def test_console_shows_rank0_and_all_stderr_and_logs_keep_everything(
@@ -94,6 +94,50 @@ def test_line_splitter_rules() -> None:
     assert s.feed("é".encode()[:1], 2.0) == []  # half a UTF-8 character waits
     assert s.feed("é".encode()[1:] + b"\n", 2.1) == ["yé\n"]
     assert s.close() == []
+
+
+def test_output_pacer_reads_a_fast_stream_on_a_timer() -> None:
+    p = OutputPacer(1 << 20)
+    assert not p.after_read("stdout", True, 0.0)  # first data: read as it comes
+    assert not p.after_read("stdout", True, 1.0)  # a line a second stays on the selector
+    assert p.after_read("stdout", True, 1.0 + HOT_GAP_S / 2)  # again at once: paused
+    assert p.next_due() == pytest.approx(1.0 + HOT_GAP_S / 2 + PAUSE_S)
+    assert p.due(1.0 + HOT_GAP_S) == []
+    assert p.due(1.1) == ["stdout"]
+    assert p.after_read("stdout", True, 1.1)  # still producing: stays paused
+    assert not p.after_read("stdout", False, 1.2)  # quiet: back on the selector
+    assert p.next_due() is None
+    assert not p.after_read("stderr", True, 1.2 + HOT_GAP_S / 2)  # streams are apart
+    assert OutputPacer(1 << 16).pause_s == pytest.approx(PAUSE_S / 16)  # a small pipe
+
+
+def test_a_flood_arrives_whole_and_in_order() -> None:
+    lines = 30_000
+
+    @distributed(gpus=2, output="none")
+    def flood(n: int) -> None:
+        import sys
+
+        for i in range(n):
+            print(f"line {i}")
+        print("end", file=sys.stderr)
+
+    handle = flood.start(lines)
+    got: dict[tuple[int, str], list[str]] = {}
+    handle.subscribe(
+        lambda e: (
+            got.setdefault((e.rank, e.stream), []).extend(e.lines)
+            if isinstance(e, OutputLines)
+            else None
+        )
+    )
+    result = handle.result()
+    expected = [f"line {i}\n" for i in range(lines)]
+    for rank in (0, 1):
+        assert got[(rank, "stdout")] == expected
+        assert got[(rank, "stderr")] == ["end\n"]
+        log = (result.run_dir / "logs" / f"rank_{rank}.txt").read_text().splitlines()
+        assert [line for line in log if line.startswith("line ")] == [e[:-1] for e in expected]
 
 
 def test_large_results_travel_through_files() -> None:
