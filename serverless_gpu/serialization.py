@@ -17,6 +17,7 @@ from typing import Any
 
 import cloudpickle
 
+from . import tensor_file
 from .errors import PayloadTooLargeError, SerializationError
 
 DEFAULT_MAX_PAYLOAD_BYTES = 100 * 1024 * 1024
@@ -158,24 +159,33 @@ class _PlainPickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
-def dump_result(obj: Any, path: Path) -> None:
-    """Write a rank's result for the caller. A result with tensors is written in torch's format
-    (raw storage, CUDA tensors from their device) so that the caller can map it; any other
-    result as a plain pickle, so that a caller without torch imported need not import it."""
+def dump_result(obj: Any, path: Path, local_ranks: int = 1) -> None:
+    """Write a rank's result for the caller. A result with tensors is written as a
+    :mod:`tensor_file` (raw storages, CUDA tensors from their device) so that the caller can
+    map it, or in torch's format where that cannot carry a storage; any other result as a plain
+    pickle, so that a caller without torch imported need not import it. ``local_ranks`` is how
+    many ranks of this machine write such a result at the same time."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
             _PlainPickler(f, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     except _TensorFound:
         torch = _torch()
-        _skip_checksums(torch)
-        torch.save(obj, tmp, pickle_module=cloudpickle, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            tensor_file.dump(obj, tmp, torch, local_ranks)
+        except tensor_file.UnsupportedStorage:
+            _skip_checksums(torch)
+            torch.save(obj, tmp, pickle_module=cloudpickle, pickle_protocol=pickle.HIGHEST_PROTOCOL)
     os.replace(tmp, path)
 
 
 def load_result(path: Path) -> Any:
     """Read what :func:`dump_result` wrote. Tensors are memory-mapped from the file rather than
     copied (deleting the file afterwards is safe: the mapping keeps the pages)."""
+    if tensor_file.is_tensor_file(path):
+        import torch
+
+        return tensor_file.load(path, torch)
     if not zipfile.is_zipfile(path):
         return load_from_file(path)
     import torch

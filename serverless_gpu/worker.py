@@ -46,14 +46,14 @@ def rank_main(conn: Connection, stdout_fd: int, stderr_fd: int, warm_cuda: int |
         os._exit(code)
 
 
-def _write_result(result: Any, paths: list[Path]) -> None:
+def _write_result(result: Any, paths: list[Path], local_ranks: int) -> None:
     for path in paths[:-1]:
         try:
-            dump_result(result, path)
+            dump_result(result, path, local_ranks)
             return
         except OSError:  # a full tmpfs (ENOSPC): the next place (the run directory) will do
             path.with_name(path.name + ".tmp").unlink(missing_ok=True)
-    dump_result(result, paths[-1])
+    dump_result(result, paths[-1], local_ranks)
 
 
 def _become_rank_process(stdout_fd: int, stderr_fd: int, keep_fd: int) -> None:
@@ -118,7 +118,7 @@ def _run(conn: Connection, spec: RankSpec) -> int:
         send(RankDone(ok=False, time=time.time(), summary=_error_summary(exc)))
         return 1
     try:
-        _write_result(result, spec.result_paths)
+        _write_result(result, spec.result_paths, spec.world_size)
     except Exception as exc:  # any pickling failure: report which rank and which type
         message = f"rank {spec.rank} returned a {_type_name(result)} that cannot be pickled: {exc}"
         _write_error(spec, exc, library_error=True, message=message)
