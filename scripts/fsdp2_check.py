@@ -46,7 +46,7 @@ def train_sharded(layers: int, width: int, cap_gib: float, steps: int) -> dict[s
         with torch.device("meta"):
             return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
 
-    unsharded = "not tried (CPU)"
+    unsharded = "not tried (rank 0 tries it, on GPUs)"
     if cuda and runtime.get_global_rank() == 0:
         unsharded = _train_unsharded(build(), device)
         gc.collect()  # the attempt's frame is gone: give its memory back before measuring
