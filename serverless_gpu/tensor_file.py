@@ -2,10 +2,11 @@
 
 The rank maps the file and copies each storage into it with ``Tensor.copy_``, so torch's
 threads fault the fresh tmpfs pages in parallel. A ``write()`` into tmpfs is one thread under
-the inode lock: that was the transfer's floor, 1-3 GB/s per rank on the H200 VMs, against about
-5 GB/s for a copy with 8 threads into a mapping (``benchmarks/tmpfs_write.py``). A CUDA tensor is
-copied from the device straight into the file instead of first into a host buffer. The caller
-maps the file privately: its tensors are views of the mapping, read when first touched.
+the inode lock: that was the transfer's floor, 1-3 GB/s per rank on the H200 VMs, against
+4.5-5 GB/s for a copy with 8 threads into a mapping (``benchmarks/tmpfs_write.py``). A CUDA
+tensor is copied from the device straight into the file instead of first into a host buffer.
+The caller maps the file privately: its tensors are views of the mapping, read when first
+touched.
 
 A store into a mapped page that the filesystem cannot back kills the process with SIGBUS
 instead of failing a ``write()``, so the mapped writer is used only where the folder has room
@@ -33,7 +34,7 @@ _MIN_THREADS = 4
 
 
 class UnsupportedStorage(Exception):
-    """A storage this format does not carry (meta, or a device other than CPU and CUDA)."""
+    """A storage this format does not carry (on a device other than CPU and CUDA)."""
 
 
 def _aligned(n: int) -> int:
@@ -86,16 +87,24 @@ def dump(
         f.write(_HEADER.pack(MAGIC, len(meta.getbuffer())))
         f.write(meta.getbuffer())
         f.truncate(total)
-        if not mapped:
+    into = _map(path, total, torch) if mapped and pickler.data_bytes else None
+    if into is None:
+        with open(path, "r+b") as f:
             for offset, storage in pickler.storages:
                 f.seek(data_start + offset)
                 f.write(_host_buffer(storage, torch))
-            return
-    if pickler.data_bytes:
-        into = torch.from_file(str(path), shared=True, size=total, dtype=torch.uint8)
-        for offset, storage in pickler.storages:
-            start = data_start + offset
-            into[start : start + storage.nbytes()].copy_(_as_bytes(storage, torch))
+        return
+    for offset, storage in pickler.storages:
+        start = data_start + offset
+        into[start : start + storage.nbytes()].copy_(_as_bytes(storage, torch))
+
+
+def _map(path: Path, nbytes: int, torch: Any) -> Any:
+    """The file as a shared uint8 tensor, or None where it cannot be mapped shared."""
+    try:
+        return torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
+    except RuntimeError:  # torch reports a failed open or mmap as RuntimeError
+        return None
 
 
 def use_mapping(path: Path, storages: list[tuple[int, Any]], room: int, torch: Any) -> bool:
