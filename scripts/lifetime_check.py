@@ -10,8 +10,8 @@ Checks, each printed as PASS/FAIL with its figure (exit code 1 on a failure):
 * 100 calls in a row: no process, file-descriptor or temporary-directory leak;
 * the launcher has no listening socket.
 
-The callers of the first two checks are fresh Python processes (``CALLER`` below), so a
-SIGKILL is real. This process never initialises CUDA.
+The callers of the first two checks are fresh Python processes
+(``scripts/lifetime_caller.py``), so a SIGKILL is real. This process never initialises CUDA.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -34,36 +33,7 @@ from serverless_gpu.rundirs import results_root
 
 GONE_LIMIT_S = 3.0
 
-CALLER = textwrap.dedent(
-    """
-    import os, subprocess, sys, time
-    from serverless_gpu import distributed, runtime
-    from serverless_gpu.events import RankStarted
-
-    gpus, gpu_type = int(sys.argv[1]), (sys.argv[2] if sys.argv[2] != "auto" else None)
-
-    @distributed(gpus=gpus, gpu_type=gpu_type, output="none", tracking=False)
-    def forever():
-        import torch
-        if runtime.device().type == "cuda":
-            torch.ones(1, device=runtime.device())  # a real CUDA context in every rank
-        subprocess.Popen(["sleep", "600"])  # a grandchild: must die with the rank
-        time.sleep(600)
-
-    handle = forever.start()
-    started = set()
-    handle.subscribe(lambda e: started.add(e.rank) if isinstance(e, RankStarted) else None)
-    while len(started) < gpus:
-        handle.wait(0.05)
-    time.sleep(1.0)
-    try:  # entered before READY: an interrupt right after it must land in this block
-        print("READY", flush=True)
-        handle.result()
-    except KeyboardInterrupt:
-        print("INTERRUPTED", flush=True)
-        raise
-    """
-)
+CALLER = Path(__file__).with_name("lifetime_caller.py")
 
 
 def wait_gone(pids: set[int], limit: float) -> tuple[set[int], float]:
@@ -83,13 +53,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def start_caller(
-    folder: Path, gpus: int, gpu_type: str | None
-) -> tuple[subprocess.Popen[str], set[int]]:
-    script = folder / "caller.py"
-    script.write_text(CALLER)
+def start_caller(gpus: int, gpu_type: str | None) -> tuple[subprocess.Popen[str], set[int]]:
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(gpus), gpu_type or "auto"],
+        [sys.executable, str(CALLER), str(gpus), gpu_type or "auto"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -104,8 +70,8 @@ def start_caller(
     return proc, {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
 
 
-def check_sigkill(folder: Path, gpus: int, gpu_type: str | None) -> None:
-    proc, tree = start_caller(folder, gpus, gpu_type)
+def check_sigkill(gpus: int, gpu_type: str | None) -> None:
+    proc, tree = start_caller(gpus, gpu_type)
     proc.kill()
     proc.wait()
     left, took = wait_gone(tree, GONE_LIMIT_S)
@@ -116,8 +82,8 @@ def check_sigkill(folder: Path, gpus: int, gpu_type: str | None) -> None:
     )
 
 
-def check_interrupt(folder: Path, gpus: int, gpu_type: str | None) -> None:
-    proc, tree = start_caller(folder, gpus, gpu_type)
+def check_interrupt(gpus: int, gpu_type: str | None) -> None:
+    proc, tree = start_caller(gpus, gpu_type)
     proc.send_signal(signal.SIGINT)
     start = time.monotonic()
     out, err = proc.communicate(timeout=60)
@@ -178,10 +144,9 @@ def check_no_listening_socket() -> None:
 def main() -> int:
     gpus, gpu_type = ranks(rank_parser().parse_args())
     print(f"serverless_gpu {serverless_gpu.__version__}: {gpus} x {gpu_type or 'GPU'}", flush=True)
-    folder = Path(tempfile.mkdtemp(prefix="sgpu-callers-"))
     try:
-        check_sigkill(folder, gpus, gpu_type)
-        check_interrupt(folder, gpus, gpu_type)
+        check_sigkill(gpus, gpu_type)
+        check_interrupt(gpus, gpu_type)
         check_hundred_calls(gpus, gpu_type)
         check_no_listening_socket()
     finally:

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,43 +18,12 @@ from serverless_gpu import distributed
 from serverless_gpu.rundirs import KEEP_RUNS_ENV, RESULTS_DIR_ENV, RUNS_DIR_ENV
 
 WaitGone = Callable[..., set[int]]
-_CALLER = textwrap.dedent(
-    """
-    import sys, time
-    from serverless_gpu import distributed
-    from serverless_gpu.events import RankStarted
-
-    # "no-standby": no warm-up thread, so the call starts the launcher from the main thread,
-    # with a parent-death signal.
-    standby = sys.argv[1:] != ["no-standby"]
-
-    @distributed(gpus=2, gpu_type="cpu", output="none", standby=standby)
-    def forever():
-        import subprocess
-        subprocess.Popen(["sleep", "600"])  # a grandchild: must die with the rank
-        time.sleep(600)
-
-    handle = forever.start()
-    started = set()
-    handle.subscribe(lambda e: started.add(e.rank) if isinstance(e, RankStarted) else None)
-    while len(started) < 2:
-        handle.wait(0.05)
-    time.sleep(0.5)
-    try:  # entered before READY: an interrupt right after it must land in this block
-        print("READY", flush=True)
-        handle.result()
-    except KeyboardInterrupt:
-        print("INTERRUPTED", flush=True)
-        raise
-    """
-)
+_CALLER = Path(__file__).parents[2] / "scripts" / "lifetime_caller.py"
 
 
-def _start_caller(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], set[int]]:
-    script = tmp_path / "caller.py"
-    script.write_text(_CALLER)
+def _start_caller(*args: str) -> tuple[subprocess.Popen[str], set[int]]:
     proc = subprocess.Popen(
-        [sys.executable, str(script), *args],
+        [sys.executable, str(_CALLER), "2", "cpu", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -74,16 +42,16 @@ def _start_caller(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], se
 
 
 @pytest.mark.timeout(120)
-def test_sigkill_of_the_caller_leaves_nothing(tmp_path: Path, gone: WaitGone) -> None:
-    proc, tree = _start_caller(tmp_path)
+def test_sigkill_of_the_caller_leaves_nothing(gone: WaitGone) -> None:
+    proc, tree = _start_caller()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not gone(tree, timeout=3.0)
 
 
 @pytest.mark.timeout(120)
-def test_keyboard_interrupt_kills_ranks_and_reraises(tmp_path: Path, gone: WaitGone) -> None:
-    proc, tree = _start_caller(tmp_path)
+def test_keyboard_interrupt_kills_ranks_and_reraises(gone: WaitGone) -> None:
+    proc, tree = _start_caller()
     launcher = min(tree)  # started first
     ranks = tree - {launcher}
     proc.send_signal(signal.SIGINT)
@@ -111,7 +79,7 @@ def test_killed_caller_leaves_no_tmpfs_results(
 ) -> None:
     results = tmp_path / "results"
     monkeypatch.setenv(RESULTS_DIR_ENV, str(results))
-    proc, tree = _start_caller(tmp_path, "no-standby")
+    proc, tree = _start_caller("no-standby")
     assert len(list(results.iterdir())) == 1  # the call's twin
     proc.kill()
     proc.wait()

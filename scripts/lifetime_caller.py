@@ -1,0 +1,53 @@
+"""The caller process of the lifetime checks: a fresh Python process, so a SIGKILL is real.
+
+    python scripts/lifetime_caller.py GPUS GPU_TYPE|auto [no-standby]
+
+Used by ``scripts/lifetime_check.py`` and ``tests/core/test_lifetime.py``. Starts a call whose
+ranks each start a grandchild (and, on GPUs, create a CUDA context), prints READY once every
+rank runs, then waits for the result; a KeyboardInterrupt prints INTERRUPTED and re-raises.
+``no-standby``: no warm-up thread, so the call starts the launcher from the main thread, with a
+parent-death signal.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from serverless_gpu import distributed, runtime
+from serverless_gpu.events import Event, RankStarted
+
+gpus, gpu_type = int(sys.argv[1]), (sys.argv[2] if sys.argv[2] != "auto" else None)
+standby = sys.argv[3:] != ["no-standby"]
+
+
+@distributed(gpus=gpus, gpu_type=gpu_type, output="none", tracking=False, standby=standby)
+def forever() -> None:
+    if runtime.device().type == "cuda":
+        import torch
+
+        torch.ones(1, device=runtime.device())  # a real CUDA context in every rank
+    subprocess.Popen(["sleep", "600"])  # a grandchild: must die with the rank
+    time.sleep(600)
+
+
+handle = forever.start()
+started: set[int] = set()
+
+
+def on_event(event: Event) -> None:
+    if isinstance(event, RankStarted):
+        started.add(event.rank)
+
+
+handle.subscribe(on_event)
+while len(started) < gpus:
+    handle.wait(0.05)
+time.sleep(1.0)  # the grandchildren (and CUDA contexts) are made after RankStarted
+try:  # entered before READY: an interrupt right after it must land in this block
+    print("READY", flush=True)
+    handle.result()
+except KeyboardInterrupt:
+    print("INTERRUPTED", flush=True)
+    raise
