@@ -70,7 +70,7 @@ def test_mapped_writer_only_with_room_and_threads(tmp_path: Path) -> None:
         torch.set_num_threads(threads)
 
 
-def test_storages_are_page_aligned_and_lazy(tmp_path: Path) -> None:
+def test_storages_are_page_aligned_and_stored_once(tmp_path: Path) -> None:
     big = torch.arange(1 << 20, dtype=torch.float32)
     path = tmp_path / "result"
     dump_result([big, big[::2]], path)
