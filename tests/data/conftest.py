@@ -166,11 +166,15 @@ def _run_ranks(
         proc.start()
         procs.append(proc)
     deadline = time.monotonic() + timeout
+    timed_out = False
     try:
         while any(p.exitcode is None for p in procs):
-            failed = any(p.exitcode not in (None, 0) for p in procs)
-            if failed or time.monotonic() > deadline:
-                time.sleep(0.5 if failed else 0)
+            if any(p.exitcode not in (None, 0) for p in procs):
+                time.sleep(0.5)
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                _dump_stacks([p.pid for p in procs if p.exitcode is None])
                 break
             time.sleep(0.05)
     finally:
@@ -180,17 +184,38 @@ def _run_ranks(
         proc.join(10)
     codes = [p.exitcode if p.exitcode is not None else -999 for p in procs]
     texts = [log.read_text(errors="replace") if log.exists() else "" for log in logs]
-    if not allow_failure and any(codes):
+    # A hang is never an expected outcome, not even where a rank is meant to die: the
+    # SIGKILL that ends it would otherwise pass for the death the test expects.
+    if timed_out or (not allow_failure and any(codes)):
+        keep = 30_000 if timed_out else 3000  # a hang's log ends in every process's stacks
         tails = "\n".join(
-            f"--- rank {r} rc={c}\n{t[-3000:]}"
+            f"--- rank {r} rc={c}\n{t[-keep:]}"
             for r, (c, t) in enumerate(zip(codes, texts, strict=True))
         )
-        raise AssertionError(f"ranks failed:\n{tails}")
+        what = f"did not finish in {timeout:g} s (stacks below)" if timed_out else "failed"
+        raise AssertionError(f"ranks {what}:\n{tails}")
     results = []
     for rank in range(world_size):
         out = workdir / f"result{rank}.json"
         results.append(json.loads(out.read_text()) if out.exists() else None)
     return RankRun(codes, results, texts)
+
+
+def _dump_stacks(pids: list[int]) -> None:
+    """Make each rank and its DataLoader workers write every thread's stack to the rank's log
+    (``data_rank_main.entry`` registers faulthandler for SIGUSR1; forked workers inherit it)."""
+    for pid in pids:
+        try:
+            rank = psutil.Process(pid)
+            procs = [rank, *rank.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for proc in procs:
+            try:
+                proc.send_signal(signal.SIGUSR1)
+            except psutil.NoSuchProcess:
+                continue
+            time.sleep(0.3)  # one process at a time, so the stacks do not interleave in the log
 
 
 def _kill_session(pid: int | None) -> None:

@@ -7,6 +7,7 @@ result<rank>.json next to the config.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import multiprocessing
 import os
@@ -81,11 +82,20 @@ def sharding(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"epochs": epochs, "full": full, "first": first, "rest": rest}
 
 
+KILLED_IN_FINISH = "killed_in_finish"
+
+
 class CrashingWriter(VolumeWriter):
     """Dies by SIGKILL on the coordinator after every rank's shards were uploaded but before
     ``.metadata`` is published: the worst moment for a crash."""
 
+    def __init__(self, path: str, *, marker: Path, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.marker = marker
+
     def finish(self, metadata: Any, results: Any) -> None:
+        # The marker tells this death from any other SIGKILL (the launch fixture's, say).
+        self.marker.write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -149,9 +159,11 @@ def train(cfg: dict[str, Any], *, resume: bool, crash_at: int | None, save: bool
                 if pending is not None:
                     pending.result()
                 path = checkpoint_path(root, step)
-                writer = (CrashingWriter if step == crash_at else VolumeWriter)(
-                    path, storage_options=options
-                )
+                if step == crash_at:
+                    marker = Path(cfg["workdir"]) / KILLED_IN_FINISH
+                    writer = CrashingWriter(path, marker=marker, storage_options=options)
+                else:
+                    writer = VolumeWriter(path, storage_options=options)
                 pending = save_training_state(
                     path,
                     model=model,
@@ -191,6 +203,8 @@ def entry(config_path: str, env: dict[str, str], log_path: str) -> None:
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    # The launch fixture sends SIGUSR1 to the session of a rank that overran its time.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     torch.set_num_threads(1)
     main(Path(config_path))
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from data_rank_main import KILLED_IN_FINISH
 from data_support import Launch, Storage
 
 from serverless_gpu.data import (
@@ -65,6 +66,7 @@ def test_crash_and_resume_continues_loss_curve_exactly(
         {**config, "phase": "crash", "workdir": str(crash_dir)}, crash_dir, allow_failure=True
     )
     assert crash.returncodes[0] == -signal.SIGKILL, crash.logs[0][-2000:]
+    assert (crash_dir / KILLED_IN_FINISH).exists(), crash.logs
 
     crashed = checkpoint_path(root, case["crash_at"])
     shards = storage.ls_names(crashed.removeprefix(storage.root + "/"))
