@@ -4,6 +4,7 @@ moto S3 server), a multi-rank launcher, and a child-process leak check."""
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -54,6 +55,9 @@ def s3_endpoint() -> Iterator[str]:
 
     saved = {k: os.environ.get(k) for k in _AWS_ENV}
     os.environ.update(_AWS_ENV)
+    # One INFO line per request would fill a failing test's report (CI shows only part of it)
+    # and push the ranks' own logs out of view.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
