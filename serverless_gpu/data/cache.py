@@ -45,9 +45,9 @@ class CachePin:
         self._fd: int | None = fd
 
     def close(self) -> None:
-        """Release the pin (closing the descriptor drops the shared lock)."""
+        """Release the pin."""
         if self._fd is not None:
-            os.close(self._fd)
+            _unlock_and_close(self._fd)
             self._fd = None
 
     def __enter__(self) -> CachePin:
@@ -113,7 +113,7 @@ class LocalCache:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            os.close(fd)
+            _unlock_and_close(fd)
 
     @staticmethod
     def _try_pin(target: Path, size: int) -> CachePin | None:
@@ -126,13 +126,13 @@ class LocalCache:
             st = os.fstat(fd)
             # An evictor may have unlinked (or a downloader replaced) the name before the lock.
             if st.st_size != size or os.stat(target).st_ino != st.st_ino:
-                os.close(fd)
+                _unlock_and_close(fd)
                 return None
         except FileNotFoundError:
-            os.close(fd)
+            _unlock_and_close(fd)
             return None
         except BaseException:
-            os.close(fd)
+            _unlock_and_close(fd)
             raise
         os.utime(target)  # mtime is the LRU clock
         return CachePin(target, fd)
@@ -204,6 +204,16 @@ class LocalCache:
         return [path for _, path in found]
 
 
+def _unlock_and_close(fd: int) -> None:
+    # A flock belongs to the open file, which a process forked meanwhile (a DataLoader starting
+    # its workers, say) shares: closing only this descriptor would leave the file locked for as
+    # long as the child lives. LOCK_UN releases it for every holder.
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def _reserve(fd: int, size: int) -> None:
     if size <= 0:
         return
@@ -232,7 +242,7 @@ def _evict(path: Path) -> bool:
     except (BlockingIOError, FileNotFoundError):
         return False
     finally:
-        os.close(fd)
+        _unlock_and_close(fd)
 
 
 def _remove_orphan_tmp(path: Path) -> None:

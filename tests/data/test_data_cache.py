@@ -3,6 +3,7 @@ processes fetching the same files at once."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -161,3 +162,37 @@ def test_processes_sharing_a_cache_download_each_file_once(tmp_path: Path) -> No
         assert len(views) == 1, f"{name} was cached more than once: {views}"
         assert views.pop()[1] == expected
     assert [p for p in cache_dir.rglob(".*") if p.is_file()] == []  # no temp files left
+
+
+def test_a_process_forked_while_a_lock_is_held_does_not_keep_it(tmp_path: Path) -> None:
+    """A flock belongs to the open file, which fork() shares with the child. A process that
+    forks while it downloads or pins a file (a DataLoader starting workers, say) must not
+    leave that file locked for as long as the child lives."""
+    cache = LocalCache(tmp_path / "cache")
+    fork = multiprocessing.get_context("fork")
+    children: list[multiprocessing.process.BaseProcess] = []
+
+    def fork_a_child() -> None:
+        child = fork.Process(target=time.sleep, args=(60,))
+        child.start()
+        children.append(child)
+
+    def download(out: BinaryIO) -> None:
+        fork_a_child()  # while the per-file download lock is held
+        out.write(b"x" * 100)
+
+    try:
+        pin = cache.acquire("a.bin", 100, download)
+        fork_a_child()  # while the pin's shared lock is held
+        pin.close()
+        assert all(child.is_alive() for child in children)
+        for path in (cache._lock_path("a.bin"), pin.path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if still held
+            finally:
+                os.close(fd)
+    finally:
+        for child in children:
+            child.kill()
+            child.join()
