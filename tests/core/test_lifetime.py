@@ -55,7 +55,12 @@ def test_keyboard_interrupt_kills_ranks_and_reraises(gone: WaitGone) -> None:
     launcher = min(tree)  # started first
     ranks = tree - {launcher}
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # the interrupt did not end it: fail without leaving it behind
+            proc.kill()
+            proc.wait()
     assert "INTERRUPTED" in out
     assert "KeyboardInterrupt" in err
     assert not gone(ranks, timeout=3.0)
