@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -366,11 +367,12 @@ def transfer_section(c: Caller) -> Section:
 
 def transfer_rates(c: Caller, fn: Any, nbytes: int, total_gb: float) -> tuple[float, float, str]:
     """Aggregate and raw GB/s of calls returning a tensor per rank vs the same returning None."""
-    sent, kept = [], []
+    sent: list[float] = []
+    kept: list[float] = []
     for _ in range(c.s.reps):
         for send, into in ((True, sent), (False, kept)):
             time.sleep(c.settle)
-            t_call, t_back, _values = C.timed(lambda send=send: fn.distributed(nbytes, send))
+            t_call, t_back, _values = C.timed(partial(fn.distributed, nbytes, send))
             del _values
             into.append(t_back - t_call)
     net = C.median(sent) - C.median(kept)
@@ -402,8 +404,8 @@ def file_path_rates(nbytes: int, folder: Path | None) -> dict[str, float]:
     rates = {"copy": _rate(nbytes, lambda: tensor.clone())}
     try:
         for name, dump, load in (("lib", dump_result, load_result), ("np", np_dump, np_load)):
-            rates[f"{name}_dump"] = _rate(nbytes, lambda dump=dump: dump(tensor, path))
-            rates[f"{name}_load"] = _rate(nbytes, lambda load=load: load(path))
+            rates[f"{name}_dump"] = _rate(nbytes, partial(dump, tensor, path))
+            rates[f"{name}_load"] = _rate(nbytes, partial(load, path))
     finally:
         path.unlink(missing_ok=True)
     return rates

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
@@ -19,7 +19,7 @@ def prefetched(
     *,
     depth: int,
     release: Callable[[R], None],
-) -> Iterator[R]:
+) -> Generator[R, None, None]:
     """Yield ``fetch(key)`` for every key, in order, keeping ``depth`` fetches in flight.
 
     Results fetched ahead but never yielded (the consumer stopped early or a fetch failed) are

@@ -79,7 +79,10 @@ def save_training_state(
         dcp.save(state, storage_writer=storage)
         return None
     group = _checkpoint_group() if dist.is_initialized() else None
-    return dcp.async_save(state, storage_writer=storage, process_group=group)  # type: ignore[return-value]
+    upload = dcp.async_save(state, storage_writer=storage, process_group=group)
+    # VolumeWriter stages in this thread, for which torch returns the upload's future itself;
+    # an AsyncSaveResponse (a stager with its own staging future) carries it as upload_completion.
+    return upload if isinstance(upload, Future) else upload.upload_completion
 
 
 def load_training_state(

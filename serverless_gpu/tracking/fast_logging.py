@@ -12,8 +12,8 @@ rare). Errors are MLflow's own ``MlflowException``, raised in the rank like plai
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, SupportsFloat
 
 from .fast_artifacts import RunArtifacts
 from .rank_buffer import RankBuffer
@@ -86,7 +86,7 @@ class FastLogging:
     def log_metric(
         self,
         key: str,
-        value: float,
+        value: SupportsFloat,
         step: int | None = None,
         synchronous: bool | None = None,
         timestamp: int | None = None,
@@ -105,7 +105,7 @@ class FastLogging:
 
     def log_metrics(
         self,
-        metrics: dict[str, float],
+        metrics: Mapping[str, SupportsFloat],
         step: int | None = None,
         synchronous: bool | None = None,
         run_id: str | None = None,

@@ -133,7 +133,7 @@ def launch() -> Iterator[Launch]:
 
 
 def _run_ranks(
-    context: multiprocessing.context.BaseContext,
+    context: multiprocessing.context.ForkServerContext,
     config: dict[str, Any],
     workdir: Path,
     *,
@@ -178,7 +178,7 @@ def _run_ranks(
                 break
             if time.monotonic() > deadline:
                 timed_out = True
-                _dump_stacks([p.pid for p in procs if p.exitcode is None])
+                _dump_stacks([p.pid for p in procs if p.exitcode is None and p.pid is not None])
                 break
             time.sleep(0.05)
     finally:

@@ -136,10 +136,12 @@ def train(cfg: dict[str, Any], *, resume: bool, crash_at: int | None, save: bool
     if resume:
         latest = latest_checkpoint(root, options)
         assert latest is not None
-        step = load_training_state(
+        restored = load_training_state(
             latest, model=model, optimizer=optimizer, dataset=dataset, storage_options=options
-        ).step
-        assert step == cfg["expect_resume_step"], (latest, step)
+        )
+        assert restored.step is not None
+        assert restored.step == cfg["expect_resume_step"], (latest, restored.step)
+        step = restored.step
     losses: list[float] = []
     pending = None
     log = Path(cfg["workdir"]) / f"losses{dist.get_rank()}.jsonl"
@@ -159,6 +161,7 @@ def train(cfg: dict[str, Any], *, resume: bool, crash_at: int | None, save: bool
                 if pending is not None:
                     pending.result()
                 path = checkpoint_path(root, step)
+                writer: VolumeWriter
                 if step == crash_at:
                     marker = Path(cfg["workdir"]) / KILLED_IN_FINISH
                     writer = CrashingWriter(path, marker=marker, storage_options=options)

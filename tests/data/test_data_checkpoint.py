@@ -4,6 +4,7 @@ discovery; the single-process training-state round trip; partial checkpoints."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,11 @@ def test_save_load_roundtrip_and_layout(storage: Storage, tmp_path: Path, use_as
     staging = tmp_path / "staging"
     writer = VolumeWriter(path, storage_options=storage.storage_options, staging_dir=staging)
     if use_async:
-        dcp.async_save(state(1), storage_writer=writer).result()
+        upload = dcp.async_save(state(1), storage_writer=writer)
+        # VolumeWriter stages in the calling thread, so torch hands back the upload's future
+        # (save_training_state returns it as such).
+        assert isinstance(upload, Future)
+        upload.result()
     else:
         dcp.save(state(1), storage_writer=writer)
     assert storage.ls_names("ckpt/step_000000001") == {".metadata", "__0_0.distcp"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from data_support import Storage
@@ -21,7 +22,7 @@ from serverless_gpu.data import (
 )
 
 
-def make(storage: Storage, tmp_path: Path, relpath: str = "vol", **kwargs: object) -> VolumeDataset:
+def make(storage: Storage, tmp_path: Path, relpath: str = "vol", **kwargs: Any) -> VolumeDataset:
     kwargs.setdefault("min_free_bytes", 0)
     return VolumeDataset(
         storage.url(relpath), tmp_path / "cache", storage_options=storage.storage_options, **kwargs

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -32,11 +33,19 @@ def write_samples(storage: Storage) -> str:
     return storage.url("train")
 
 
+@dataclass(frozen=True)
+class Case:
+    async_save: bool
+    save_steps: list[int]
+    crash_at: int
+    resume_step: int
+
+
 CASES = {
     # DDP: async saves, resume mid-epoch at an odd batch count (exercises worker rotation).
-    "ddp": {"async_save": True, "save_steps": [5, 9], "crash_at": 13, "resume_step": 9},
+    "ddp": Case(async_save=True, save_steps=[5, 9], crash_at=13, resume_step=9),
     # FSDP2: blocking saves, resume from an end-of-epoch checkpoint.
-    "fsdp2": {"async_save": False, "save_steps": [4, 8], "crash_at": 12, "resume_step": 8},
+    "fsdp2": Case(async_save=False, save_steps=[4, 8], crash_at=12, resume_step=8),
 }
 
 
@@ -55,10 +64,10 @@ def test_crash_and_resume_continues_loss_curve_exactly(
         "storage_options": storage.storage_options,
         "ckpt_root": root,
         "total_steps": 16,
-        "save_steps": case["save_steps"],
-        "crash_at": case["crash_at"],
-        "async_save": case["async_save"],
-        "expect_resume_step": case["resume_step"],
+        "save_steps": case.save_steps,
+        "crash_at": case.crash_at,
+        "async_save": case.async_save,
+        "expect_resume_step": case.resume_step,
     }
 
     crash_dir = tmp_path / "crash"
@@ -68,17 +77,17 @@ def test_crash_and_resume_continues_loss_curve_exactly(
     assert crash.returncodes[0] == -signal.SIGKILL, crash.logs[0][-2000:]
     assert (crash_dir / KILLED_IN_FINISH).exists(), crash.logs
 
-    crashed = checkpoint_path(root, case["crash_at"])
+    crashed = checkpoint_path(root, case.crash_at)
     shards = storage.ls_names(crashed.removeprefix(storage.root + "/"))
     assert {"__0_0.distcp", "__1_0.distcp"} <= shards  # every rank's shard was uploaded...
     assert ".metadata" not in shards  # ...but the checkpoint was never published
     assert not is_complete(crashed, storage.storage_options)
     with pytest.raises(IncompleteCheckpointError):
         VolumeReader(crashed, storage_options=storage.storage_options).read_metadata()
-    for step in case["save_steps"]:
+    for step in case.save_steps:
         assert is_complete(checkpoint_path(root, step), storage.storage_options)
     latest = latest_checkpoint(root, storage.storage_options)
-    assert latest == checkpoint_path(root, case["resume_step"])
+    assert latest == checkpoint_path(root, case.resume_step)
 
     resume_dir = tmp_path / "resume"
     resumed = launch({**config, "phase": "resume", "workdir": str(resume_dir)}, resume_dir)
@@ -90,8 +99,8 @@ def test_crash_and_resume_continues_loss_curve_exactly(
         # The run that crashed saw exactly the reference numbers up to its death (an async
         # save lets the training thread run on a little while the coordinator uploads)...
         logged = [json.loads(line) for line in (crash_dir / f"losses{rank}.jsonl").open()]
-        assert len(logged) >= case["crash_at"]
+        assert len(logged) >= case.crash_at
         assert [s for s, _ in logged] == list(range(1, len(logged) + 1))
         assert [loss for _, loss in logged] == reference[: len(logged)]
         # ...and the resumed run continues the uninterrupted curve exactly (==, not approx).
-        assert result["resumed"] == reference[case["resume_step"] :]
+        assert result["resumed"] == reference[case.resume_step :]

@@ -30,6 +30,7 @@ def _hook_count() -> int:
 def test_load_twice_alias_and_unload(shell: InteractiveShell) -> None:
     shell.run_line_magic("load_ext", "jupyter_ext")
     shell.run_line_magic("load_ext", "serverless_gpu")  # the alias: same extension, no-op
+    assert shell.extension_manager is not None
     shell.extension_manager.load_extension("jupyter_ext")
     assert "distributed" in shell.magics_manager.magics["cell"]
     assert _hook_count() == 1
