@@ -46,7 +46,11 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
     def __init__(self, storage_options: dict[str, Any], staging_dir: str | None) -> None:
         super().__init__()
         self.storage_options = dict(storage_options)
-        self.staging_dir = staging_dir
+        # Found here, in the caller's thread, not by the upload thread of dcp.async_save: a
+        # process's first gettempdir() holds tempfile's module lock, which CPython does not
+        # reset in a forked child, so a DataLoader forking its workers meanwhile would hand
+        # them a lock nobody releases (their queue threads name sockets with tempfile).
+        self.staging_dir = staging_dir if staging_dir is not None else tempfile.gettempdir()
 
     def init_path(self, path: str | os.PathLike[str], **kwargs: Any) -> str | os.PathLike[str]:
         self.fs, _ = url_to_fs(os.fspath(path), **(kwargs or self.storage_options))
@@ -65,9 +69,8 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
             final = Path(self.fs._strip_protocol(os.fspath(path)))
             staged = final.with_name(f".{final.name}.{secrets.token_hex(4)}.part")
         else:
-            staging = self.staging_dir or tempfile.gettempdir()
-            os.makedirs(staging, exist_ok=True)
-            staged = Path(staging) / f"dcp-{os.getpid()}-{secrets.token_hex(8)}.part"
+            os.makedirs(self.staging_dir, exist_ok=True)
+            staged = Path(self.staging_dir) / f"dcp-{os.getpid()}-{secrets.token_hex(8)}.part"
         try:
             with open(staged, mode) as stream:
                 yield stream  # type: ignore[misc]

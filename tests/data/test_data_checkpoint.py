@@ -3,10 +3,15 @@ discovery; the single-process training-state round trip; partial checkpoints."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+import uuid
 from concurrent.futures import Future
 from pathlib import Path
 
+import fsspec
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -134,3 +139,29 @@ def test_training_state_roundtrip_single_process(storage: Storage, tmp_path: Pat
         for a, p in zip(momentum, model.parameters(), strict=True)
     )
     assert [p for batch in dataset2.loader(batch_size=2) for p in batch] == expected_rest
+
+
+def test_a_fork_during_an_upload_leaves_the_child_a_working_tempfile(s3_endpoint: str) -> None:
+    """The async-save hang CI hit: a DataLoader forked its workers while the upload thread made
+    the rank's first tempfile.gettempdir() call, which holds tempfile's module lock; the child
+    inherited it locked, and a worker's queue thread waited on it forever (via
+    multiprocessing's resource sharer, which names its socket with tempfile.mktemp). The writer
+    now finds the staging directory when it is made, in the caller's thread."""
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, endpoint_url=s3_endpoint)
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    fs.mkdir(bucket)
+    script = Path(__file__).with_name("fork_during_upload.py")
+    run = subprocess.run(
+        [sys.executable, str(script), f"s3://{bucket}/ckpt/step_000000001", s3_endpoint],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report == {
+        "child_used_tempfile": True,
+        "upload_thread_found_the_tempdir": False,
+        "saved": True,
+    }, run.stderr[-3000:]
+    assert fs.exists(f"{bucket}/ckpt/step_000000001/.metadata")
