@@ -94,24 +94,31 @@ class OutputPacer:
         # 200 MB/s; a smaller one gets a proportionally shorter pause.
         self.pause_s = PAUSE_S * min(1.0, pipe_bytes / _FULL_PIPE)
         self._last: dict[str, float] = {}
-        self.paused: dict[str, float] = {}
-        """Stream -> when to read it next."""
+        self._paused: dict[str, float] = {}  # stream -> when to read it next
+
+    def is_paused(self, stream: str) -> bool:
+        return stream in self._paused
+
+    def forget(self, stream: str) -> None:
+        """The stream has ended."""
+        self._paused.pop(stream, None)
+        self._last.pop(stream, None)
 
     def after_read(self, stream: str, got_data: bool, now: float) -> bool:
         """Record a read; True if the stream is (still) paused and must not be selected on."""
         hot = got_data and (
-            stream in self.paused or now - self._last.get(stream, float("-inf")) < HOT_GAP_S
+            stream in self._paused or now - self._last.get(stream, float("-inf")) < HOT_GAP_S
         )
         if got_data:
             self._last[stream] = now
         if hot:
-            self.paused[stream] = now + self.pause_s
+            self._paused[stream] = now + self.pause_s
         else:
-            self.paused.pop(stream, None)
+            self._paused.pop(stream, None)
         return hot
 
     def due(self, now: float) -> list[str]:
-        return [stream for stream, at in self.paused.items() if at <= now]
+        return [stream for stream, at in self._paused.items() if at <= now]
 
     def next_due(self) -> float | None:
-        return min(self.paused.values(), default=None)
+        return min(self._paused.values(), default=None)

@@ -150,11 +150,11 @@ class RunSupervisor:
             pieces = proc.splitters[stream].feed(data, now)
             if pieces:
                 self.emit(OutputLines(self.spec.run_id, rank, stream, tuple(pieces), time.time()))
-        was_paused = stream in proc.pacer.paused
+        was_paused = proc.pacer.is_paused(stream)
         if eof:
             if not was_paused:
                 self.selector.unregister(proc.pipes[stream])
-            proc.pacer.paused.pop(stream, None)
+            proc.pacer.forget(stream)
             proc.close_pipe(stream)
             rest = proc.splitters[stream].close()
             if rest:

@@ -109,6 +109,10 @@ def test_output_pacer_reads_a_fast_stream_on_a_timer() -> None:
     assert p.next_due() is None
     assert not p.after_read("stderr", True, 1.2 + HOT_GAP_S / 2)  # streams are apart
     assert OutputPacer(1 << 16).pause_s == pytest.approx(PAUSE_S / 16)  # a small pipe
+    assert p.after_read("stderr", True, 1.2 + HOT_GAP_S)
+    assert p.is_paused("stderr")
+    p.forget("stderr")  # the stream ended while paused
+    assert not p.is_paused("stderr") and p.next_due() is None
 
 
 def test_a_flood_arrives_whole_and_in_order() -> None:

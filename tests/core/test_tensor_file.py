@@ -80,7 +80,7 @@ def test_storages_are_page_aligned_and_stored_once(tmp_path: Path) -> None:
     assert path.stat().st_size < big.nbytes + 2 * 4096  # one copy of the shared storage
 
 
-def test_ranks_hand_back_tensors_through_the_tensor_file() -> None:
+def test_ranks_hand_back_tensor_dicts() -> None:
     @distributed(gpus=2, output="none")
     def make() -> dict[str, torch.Tensor]:
         from serverless_gpu import runtime
