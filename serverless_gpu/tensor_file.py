@@ -154,10 +154,13 @@ def load(path: Path, torch: Any) -> Any:
             untyped = (
                 mapping[start : start + nbytes] if mapping is not None else torch.UntypedStorage(0)
             )
-            if dtype is None:
-                return untyped
+            # Typed even where the writer saw an untyped storage, as torch.load does: a tensor
+            # of the newer dtypes (float8, uint16, complex32, ...) pickles its storage untyped
+            # and is rebuilt from ``storage._untyped_storage``.
             return torch.storage.TypedStorage(
-                wrap_storage=untyped, dtype=getattr(torch, dtype), _internal=True
+                wrap_storage=untyped,
+                dtype=torch.uint8 if dtype is None else getattr(torch, dtype),
+                _internal=True,
             )
 
     return _Unpickler(io.BytesIO(meta)).load()
