@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import cloudpickle
 
-from . import runtime
+from . import runtime, seeding
 from .env import RANK_INIT_ENV
 from .lifetime import die_with_parent
 from .protocol import ErrorRecord, RankDone, RankSpec, Release, ToCaller, UserCodeStarted
@@ -100,6 +100,7 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     os.chdir(spec.cwd)
     sys.path[:] = list(spec.sys_path)
     _apply_thread_limit()
+    seeding.reseed()
     send = _locked_sender(conn)
     runtime._channel = lambda kind, data: send(ToCaller(kind, data, time.time()))
     send(UserCodeStarted(time.time()))
