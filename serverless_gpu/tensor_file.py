@@ -9,14 +9,18 @@ The caller maps the file privately: its tensors are views of the mapping, read w
 touched.
 
 A store into a mapped page that the filesystem cannot back kills the process with SIGBUS
-instead of failing a ``write()``, so the mapped writer is used only where the folder has room
-for every local rank's result of this size; elsewhere :func:`dump` writes the same file with
-``write()``, and ``ENOSPC`` reaches the caller of :func:`dump` as an ``OSError``.
+instead of failing a ``write()``. The mapped writer therefore reserves the file's data pages
+(``posix_fallocate``) before it maps the file: other writers fill the same tmpfs between any
+free-space check and the stores. It is used only where the folder seems to have room for every
+local rank's result of this size; elsewhere, or where the filesystem cannot reserve space,
+:func:`dump` writes the same file with ``write()``. A full folder reaches the caller of
+:func:`dump` as an ``OSError`` (``ENOSPC``) from either writer.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import io
 import os
 import pickle
@@ -87,7 +91,8 @@ def dump(
         f.write(_HEADER.pack(MAGIC, len(meta.getbuffer())))
         f.write(meta.getbuffer())
         f.truncate(total)
-    into = _map(path, total, torch) if mapped and pickler.data_bytes else None
+        mapped = mapped and pickler.data_bytes > 0 and _reserve(f.fileno(), total)
+    into = _map(path, total, torch) if mapped else None
     if into is None:
         with open(path, "r+b") as f:
             for offset, storage in pickler.storages:
@@ -97,6 +102,18 @@ def dump(
     for offset, storage in pickler.storages:
         start = data_start + offset
         into[start : start + storage.nbytes()].copy_(_as_bytes(storage, torch))
+
+
+def _reserve(fd: int, nbytes: int) -> bool:
+    """Back every page of the file before it is mapped; False where the filesystem cannot
+    reserve space at all (the ``write()`` writer is then used). A full filesystem raises."""
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        return False
+    return True
 
 
 def _map(path: Path, nbytes: int, torch: Any) -> Any:
