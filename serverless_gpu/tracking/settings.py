@@ -26,6 +26,10 @@ RANK_INITIALIZER = "serverless_gpu.tracking.rank:install"
 UNSENT_FILE = "mlflow_unsent.jsonl"
 """In the run directory: what could not be written to MLflow, one JSON record per line."""
 
+START_TIMEOUT_ENV = "SERVERLESS_GPU_MLFLOW_START_TIMEOUT"
+"""Seconds a tracking server may take to open the call's run (default 10); past that the call
+runs untracked."""
+
 PROBE_TIMEOUT_S = 3.0
 """How long a reachability check of an HTTP tracking server may take."""
 

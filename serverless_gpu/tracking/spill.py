@@ -21,6 +21,15 @@ class Spill:
         self.records = 0
         self._lock = threading.Lock()
 
+    def touch(self) -> None:
+        """Create the (empty) file now, so that a message can name it before anything is lost."""
+        with self._lock:
+            try:
+                with open(self.path, "a", encoding="utf-8"):
+                    pass
+            except OSError:
+                return
+
     def write(self, kind: str, rank: int | None, time: float, data: dict[str, Any]) -> None:
         record = {"kind": kind, "rank": rank, "time": time, "data": _json_safe(data)}
         line = json.dumps(record, allow_nan=False) + "\n"

@@ -17,6 +17,7 @@ from mlflow import MlflowClient
 from ..events import Event, RankMessage, RunFinished, RunStarted, RunStatus, SystemMetrics
 from ..hooks import RunContext
 from . import records, store
+from .deadline import call_with_deadline
 from .errors import TrackingUnavailableError, TrackingWarning
 from .run_setup import TrackedRun, open_run, rank_env
 from .settings import (
@@ -24,6 +25,7 @@ from .settings import (
     MESSAGE_KIND,
     RANK_INITIALIZER,
     RUN_ID_ENV,
+    START_TIMEOUT_ENV,
     UNSENT_FILE,
     env_float,
 )
@@ -50,7 +52,7 @@ def start_tracking(ctx: RunContext) -> RunTracker:
         if not store.reachable(uri):
             raise TrackingUnavailableError(f"the tracking server {uri} does not answer")
         client = MlflowClient(uri)
-        run = open_run(ctx, client, uri)
+        run = _open_bounded(ctx, client, uri)
     except Exception as exc:  # whatever the store raised, the training must still run
         # Ranks keep logging fast, into the run directory instead of a store that hangs them.
         ctx.env[RUN_ID_ENV] = ""
@@ -69,6 +71,26 @@ def start_tracking(ctx: RunContext) -> RunTracker:
     writer = Writer(client, run.run_id, ctx.run_dir / "logs", spill, upload_every, run.params)
     writer.setup(records.run_params(ctx), records.run_tags(ctx))
     return RunTracker(ctx, uri, run, writer, spill)
+
+
+def _open_bounded(ctx: RunContext, client: MlflowClient, uri: str) -> TrackedRun:
+    """``open_run``, within a deadline for a server (one that answers its health check but not
+    the API would otherwise hold the call for MLflow's minutes of retries)."""
+    if not store.is_http(uri):
+        return open_run(ctx, client, uri)
+    timeout = env_float(START_TIMEOUT_ENV, 10.0)
+    return call_with_deadline(
+        partial(open_run, ctx, client, uri),
+        timeout,
+        f"the tracking server {uri}",
+        on_late=partial(_end_late_run, client),
+    )
+
+
+def _end_late_run(client: MlflowClient, run: TrackedRun) -> None:
+    """The run was created after the call had given up on it: nobody will write to it."""
+    client.set_tag(run.run_id, records.ERROR_TAG, "the tracking server answered too late")
+    client.set_terminated(run.run_id, "KILLED")
 
 
 def store_uri() -> str:
@@ -153,6 +175,7 @@ class RunTracker:
         if self._warned:
             return
         self._warned = True
+        self.spill.touch()  # the warning names the file: it exists, empty if nothing was lost
         what = "tracking stopped" if started else "not tracked"
         warnings.warn(
             f"serverless_gpu: {self.ctx.name} {what} in MLflow ({self.uri}: "
