@@ -18,6 +18,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 
+class EmptyCellError(ValueError):
+    """The cell holds no statement (only comments or blank lines)."""
+
+
 class CellFunction:
     """A cell body as a zero-argument callable; it unpickles into a plain function."""
 
@@ -34,7 +38,7 @@ class CellFunction:
     ) -> None:
         self.__name__ = self.__qualname__ = name
         self.has_value = has_value
-        """Whether the body ends with an expression (whose value is worth displaying)."""
+        """Whether the body ends with an expression or returns a value (worth displaying)."""
         self.namespace = namespace
         self._args = (body, filename, name, first_line, cell_text, namespace)
 
@@ -62,7 +66,8 @@ def compile_cell(
     linecache.cache[filename] = (len(cell_text), None, cell_text.splitlines(True), filename)
     # A fresh namespace named __main__, holding only the names the cell reads.
     module_globals: dict[str, Any] = {"__name__": "__main__", **namespace}
-    code = compile(_function_module(body, filename, name, first_line), filename, "exec")
+    module = _function_module(_parse(body, filename, first_line), name)
+    code = compile(module, filename, "exec")
     exec(code, module_globals)
     function: Callable[[], Any] = module_globals[name]
     return function
@@ -77,13 +82,19 @@ def build_cell_function(
     first_line: int = 1,
     cell_text: str | None = None,
 ) -> CellFunction:
-    """Capture what the cell reads; raises ``SyntaxError`` for a bad body, before any launch.
+    """Capture what the cell reads, before any launch.
 
-    ``first_line`` is the line of the cell the body starts on, so tracebacks point at the line
-    the user sees; ``cell_text`` (default: the body) is what they quote.
+    ``first_line`` is the line of the cell the body starts on, so tracebacks and syntax errors
+    point at the line the user sees; ``cell_text`` (default: the body) is what they quote.
+    Raises ``SyntaxError`` for a body that does not parse and :class:`EmptyCellError` for one
+    without a statement. A top-level ``return value`` ends the body with that value, as the
+    last expression does.
     """
-    module = _function_module(body, filename, name, first_line)
-    compile(module, filename, "exec")  # errors such as 'return' outside the body show up now
+    statements = _parse(body, filename, first_line)
+    if not statements:
+        raise EmptyCellError("the cell has no code to run on the ranks")
+    module = _function_module(statements, name)
+    compile(module, filename, "exec")  # errors such as 'yield' in the body show up now
     read = global_reads(ast.unparse(module), filename)
     captured = {n: namespace[n] for n in sorted(read) if n in namespace}
     return CellFunction(
@@ -93,7 +104,7 @@ def build_cell_function(
         first_line=first_line,
         cell_text=cell_text if cell_text is not None else "\n" * (first_line - 1) + body,
         namespace=captured,
-        has_value=_ends_with_expression(body),
+        has_value=isinstance(statements[-1], ast.Expr) or _returns_value(statements),
     )
 
 
@@ -110,23 +121,33 @@ def _global_reads(table: symtable.SymbolTable) -> Iterator[str]:
         yield from _global_reads(child)
 
 
-def _function_module(body: str, filename: str, name: str, first_line: int) -> ast.Module:
-    tree = ast.parse(body, filename=filename)
-    ast.increment_lineno(tree, first_line - 1)
+def _parse(body: str, filename: str, first_line: int) -> list[ast.stmt]:
+    # Parsed where it stands in the cell, so that a SyntaxError names the cell's own line.
+    return ast.parse("\n" * (first_line - 1) + body, filename=filename).body
+
+
+def _function_module(statements: list[ast.stmt], name: str) -> ast.Module:
     module = ast.parse(f"def {name}():\n    pass\n")
     func_def = module.body[0]
     assert isinstance(func_def, ast.FunctionDef)
-    func_def.body = _returning_last_expression(tree.body)
+    func_def.body = _returning_last_expression(statements)
     return module
 
 
-def _ends_with_expression(body: str) -> bool:
-    statements = ast.parse(body).body
-    return bool(statements) and isinstance(statements[-1], ast.Expr)
+def _returns_value(statements: list[ast.stmt]) -> bool:
+    """Whether the body itself (not a function or class defined in it) has ``return value``."""
+    pending: list[ast.AST] = list(statements)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Return) and node.value is not None:
+            return True
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def _returning_last_expression(statements: list[ast.stmt]) -> list[ast.stmt]:
-    if statements and isinstance(statements[-1], ast.Expr):
+    if isinstance(statements[-1], ast.Expr):
         last = statements[-1]
         return [*statements[:-1], ast.copy_location(ast.Return(value=last.value), last)]
-    return statements or [ast.Pass()]
+    return statements

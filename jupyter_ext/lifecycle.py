@@ -15,6 +15,7 @@ from serverless_gpu.hooks import register_hook, unregister_hook
 
 from .hook import RENDER_HOOK_ORDER, render_run
 from .magics import DistributedMagics
+from .tracebacks import ExceptionDisplay
 
 _MAGIC_NAMES = ("distributed",)
 
@@ -24,13 +25,16 @@ class _Loaded:
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell
+        self.exceptions = ExceptionDisplay(shell)
 
     def install(self) -> None:
         self.shell.register_magics(DistributedMagics)
         register_hook(render_run, order=RENDER_HOOK_ORDER)
         self.shell.observe(_stop_on_exit, names="exit_now")
+        self.exceptions.install()
 
     def uninstall(self) -> None:
+        self.exceptions.uninstall()
         unregister_hook(render_run)
         self.shell.unobserve(_stop_on_exit, names="exit_now")
         cell_magics = self.shell.magics_manager.magics.get("cell", {})

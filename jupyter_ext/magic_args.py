@@ -7,6 +7,7 @@ both accepted: ``key=value`` words are rewritten to options before parsing.
 from __future__ import annotations
 
 import argparse
+import keyword
 import math
 import re
 import shlex
@@ -46,7 +47,7 @@ def _timeout(text: str) -> float | None:
 
 
 def _identifier(text: str) -> str:
-    if not text.isidentifier():
+    if not text.isidentifier() or keyword.iskeyword(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a valid Python name")
     return text
 

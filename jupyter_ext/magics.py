@@ -6,25 +6,43 @@
     loss.item()
 
 The body runs as the body of a function on every rank; it sees the notebook names it reads
-(copied at call time), and the value of its last expression comes back as a list in rank order.
-The magic only builds the function and calls the public API; the run hook draws it.
+(copied at call time), and the value of its last expression (or of a top-level ``return``)
+comes back as a list in rank order. The magic only builds the function and calls the public
+API; the run hook draws it.
 """
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+import traceback
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
 
 from serverless_gpu import ConfigurationError, DistributedConfig, DistributedFunction, RunResult
-from serverless_gpu.errors import RemoteError
+from serverless_gpu.errors import DistributedError, RemoteError
 
 from . import magic_args
-from .cellfunc import build_cell_function
+from .cellfunc import EmptyCellError, build_cell_function
 from .formatting import describe_value
 from .hook import renderer_for
+from .tracebacks import Labeler, attach, clean_traceback, ipython_labeler
+
+
+class CellSyntaxError(Exception):
+    """The cell does not parse. Shown as IPython shows a cell's syntax error: the cell's line
+    and the caret, without the frames of the magic that parsed it (IPython would list every
+    frame of a ``SyntaxError`` raised inside a magic)."""
+
+    def __init__(self, error: SyntaxError, label: Labeler) -> None:
+        super().__init__(f"{error.msg} (line {error.lineno})")
+        self.error = error
+        self._label = label
+
+    def _render_traceback_(self) -> list[str]:
+        text = "".join(traceback.format_exception_only(SyntaxError, self.error))
+        return clean_traceback(text, self._label)
 
 
 @magics_class
@@ -44,26 +62,29 @@ class DistributedMagics(Magics):
         shell = self.shell
         assert shell is not None
         args = magic_args.parse(self.distributed, line)
-        if not cell.strip():
-            raise UsageError(
-                f"the cell has no code to run on the ranks\n\n{magic_args.usage(self.distributed)}"
-            )
         config = self._config(args)
         count = _cell_number(shell)
-        cell_function = build_cell_function(
-            cell,
-            shell.user_ns,
-            name=f"cell_{count}",
-            filename=f"<%%distributed In[{count}]>",
-            first_line=2,
-            cell_text=f"%%distributed {line}\n{cell}",
-        )
+        label = ipython_labeler(shell)
+        try:
+            cell_function = build_cell_function(
+                cell,
+                shell.user_ns,
+                name=f"cell_{count}",
+                filename=f"<%%distributed In[{count}]>",
+                first_line=2,
+                cell_text=f"%%distributed {line}\n{cell}",
+            )
+        except EmptyCellError as exc:
+            raise UsageError(f"{exc}\n\n{magic_args.usage(self.distributed)}") from None
+        except SyntaxError as exc:
+            raise CellSyntaxError(exc, label) from None
         function: DistributedFunction[[], Any] = DistributedFunction(cell_function, config)
         try:
             result = function.distributed()
         except Exception as exc:
             _report_error(exc)
-            _raise_without_local_frames(exc)
+            _show_without_local_frames(exc, label)
+            raise
         renderer = renderer_for(run_id=result.run_id)
         if renderer is not None:
             renderer.show_results([describe_value(v) for v in result])
@@ -101,11 +122,15 @@ def _report_error(exc: BaseException) -> None:
         renderer.show_error(rank, text.splitlines()[0])
 
 
-def _raise_without_local_frames(exc: BaseException) -> NoReturn:
-    __tracebackhide__ = True
-    # The rank's traceback (exc.__cause__) and the rank note explain the failure; the frames
-    # of the launch machinery in this process would only bury them.
-    raise exc.with_traceback(None) from exc.__cause__
+def _show_without_local_frames(exc: BaseException, label: Labeler) -> None:
+    """The cell's code runs only on the ranks: no frame of this process is the user's. A run's
+    failure shows the rank's side; the library's own errors (bad arguments, a payload that
+    cannot be pickled) show their message."""
+    if attach(exc, label) or not isinstance(exc, DistributedError):
+        return
+    text = str(exc).splitlines() or [""]
+    lines = [f"\x1b[1;31m{type(exc).__name__}\x1b[0m: {text[0]}", *text[1:]]
+    exc._render_traceback_ = lambda: lines  # type: ignore[attr-defined]
 
 
 def _cell_number(shell: Any) -> int:

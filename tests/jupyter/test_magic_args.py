@@ -39,6 +39,8 @@ def test_defaults_and_switches() -> None:
         ("gpus=two", "positive integer"),
         ("timeout=-1", "positive number of seconds"),
         ("--out 1abc", "not a valid Python name"),
+        ("--out class", "not a valid Python name"),
+        ("--out None", "not a valid Python name"),
         ("output=loud", "invalid choice"),
         ("--bogus", "unrecognized arguments"),
         ("gpus='2", "cannot split"),

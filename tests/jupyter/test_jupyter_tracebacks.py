@@ -1,0 +1,146 @@
+"""What a failed run shows in IPython: the failing rank first, its traceback without the
+library's frames, one line naming the run directory; a cancel is one line."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from jupyter_helpers import ANSI
+
+from jupyter_ext import lifecycle
+from jupyter_ext.tracebacks import clean_traceback, ipython_labeler
+from serverless_gpu import hooks
+from serverless_gpu.hooks import RunContext
+
+INTERNAL = ("worker.py", "handle.py", "magics.py", "decorator.py", "run_cell_magic")
+FLAKY = (
+    "from serverless_gpu import distributed\n"
+    "\n"
+    "@distributed(gpus=2, gpu_type='cpu', standby=False)\n"
+    "def flaky_step(x):\n"
+    "    from serverless_gpu.runtime import get_global_rank\n"
+    "    if get_global_rank() == 1:\n"
+    "        raise ValueError(f'bad value {x}')\n"
+    "    import time\n"
+    "    time.sleep(30)\n"
+)
+
+
+@pytest.fixture
+def shell() -> Iterator[InteractiveShell]:
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "jupyter_ext")
+    try:
+        yield ip
+    finally:
+        if lifecycle.is_loaded():
+            ip.run_line_magic("unload_ext", "jupyter_ext")
+        InteractiveShell.clear_instance()
+
+
+def _error_text(shell: InteractiveShell, cell: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """The traceback IPython printed for ``cell`` (which must fail), without colours."""
+    capsys.readouterr()
+    result = shell.run_cell(cell, store_history=True)
+    assert not result.success
+    text = ANSI.sub("", capsys.readouterr().out)
+    # The run's own display (text renderer) comes first; the traceback follows its summary.
+    return text[text.rindex("  logs: ") :].split("\n", 1)[1] if "  logs: " in text else text
+
+
+def _last_run_dir(runs: object) -> str:
+    from pathlib import Path
+
+    assert isinstance(runs, Path)
+    return str(max(runs.iterdir(), key=lambda p: p.stat().st_mtime))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("in_process")
+def test_a_decorated_function_failing_reads_rank_first(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], cpu_mode: object
+) -> None:
+    assert shell.run_cell(FLAKY, store_history=True).success
+    text = _error_text(shell, "flaky_step.distributed(7)", capsys)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    assert lines[0] == "rank 1 raised ValueError: bad value 7", text
+    assert "ValueError: bad value 7" in lines[-2]
+    assert lines[-1] == f"run directory: {_last_run_dir(cpu_mode)}", text
+    assert not [word for word in INTERNAL if word in text], text
+    assert "RemoteTraceback" not in text and "raised on rank" not in text, text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("in_process")
+def test_a_failing_magic_cell_quotes_its_line_as_ipython_does(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], cpu_mode: object
+) -> None:
+    cell = "%%distributed gpus=2 gpu_type=cpu\nx = 1\nraise IndexError(f'oops {x}')\n"
+    text = _error_text(shell, cell, capsys)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    assert re.fullmatch(r"rank [01] raised IndexError: oops 1", lines[0]), text
+    number = shell.execution_count - 1
+    frame = lines.index(f"  Cell In[{number}], line 3, in cell_{number}")
+    assert lines[frame + 1].strip() == "raise IndexError(f'oops {x}')"
+    assert lines[-1] == f"run directory: {_last_run_dir(cpu_mode)}", text
+    assert not [word for word in INTERNAL if word in text], text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("in_process")
+def test_a_cancel_ends_with_one_short_line(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def cancel_once_running(ctx: RunContext) -> None:
+        started = time.monotonic()
+
+        def maybe_cancel() -> None:
+            if time.monotonic() - started > 1.0:
+                ctx.cancel("cancelled from the notebook widget")
+
+        ctx.idle_callbacks.append(maybe_cancel)
+
+    hooks.register_hook(cancel_once_running, order=60)
+    try:
+        cell = "%%distributed gpus=2 gpu_type=cpu\nimport time\ntime.sleep(60)\n"
+        text = _error_text(shell, cell, capsys)
+    finally:
+        hooks.unregister_hook(cancel_once_running)
+    assert text.strip() == "CancelledError: run cancelled: cancelled from the notebook widget"
+
+
+def test_cells_are_named_and_quoted_as_ipython_does(shell: InteractiveShell) -> None:
+    cell = "def step():\n    x = 1\n    return x / 0\n"
+    assert shell.run_cell(cell, store_history=True).success
+    filename = shell.user_ns["step"].__code__.co_filename
+    number = shell.execution_count - 1
+    rank_text = (
+        "Traceback (most recent call last):\n"
+        '  File "/site-packages/serverless_gpu/worker.py", line 112, in _run\n'
+        "    result = func(*args, **kwargs)\n"
+        "             ^^^^^^^^^^^^^^^^^^^^^\n"
+        f'  File "{filename}", line 3, in step\n'
+        '  File "/elsewhere/lib.py", line 9, in helper\n'
+        "    other()\n"
+        "ZeroDivisionError: division by zero\n"
+    ).replace("/site-packages/serverless_gpu/", _library_dir())
+    assert clean_traceback(rank_text, ipython_labeler(shell)) == [
+        "Traceback (most recent call last):",
+        f"  Cell In[{number}], line 3, in step",
+        "    return x / 0",
+        '  File "/elsewhere/lib.py", line 9, in helper',
+        "    other()",
+        "ZeroDivisionError: division by zero",
+    ]
+
+
+def _library_dir() -> str:
+    from pathlib import Path
+
+    import serverless_gpu
+
+    return str(Path(serverless_gpu.__file__).resolve().parent) + "/"
