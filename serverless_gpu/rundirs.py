@@ -1,40 +1,88 @@
 """Private per-run directories: payload, per-rank logs, results and error records.
 
-They live under ``$SERVERLESS_GPU_RUNS_DIR`` (default: ``<tmp>/serverless-gpu-<uid>``), mode
-0700. Bulk files are deleted once a call returns; logs of the newest runs are kept for the user
-and older run directories are pruned.
+They live under ``$SERVERLESS_GPU_RUNS_DIR`` (default: ``<tmp>/serverless-gpu-<uid>``). Bulk
+files are deleted once a call returns; logs of the newest runs are kept for the user and older
+run directories are pruned.
 
 Result files go to a twin folder on a tmpfs when there is a large enough one (``/dev/shm``):
 written there they never wait for disk write-back, and the caller maps them straight from
 memory. ``$SERVERLESS_GPU_RESULTS_DIR`` names another root, or ``off`` keeps them in the run
 directory.
+
+**Roots.** A default root (``<tmp>/serverless-gpu-<uid>``, ``/dev/shm/serverless-gpu-<uid>``)
+sits in a folder every user can write to, so another user may have put something at its name
+first. It is created with ``mkdir(0700)`` and then opened with ``O_NOFOLLOW``: a symlink, a
+non-directory, a folder of another user or one whose mode is not exactly 0700 is refused with
+:class:`RunsDirError`, never followed, chmod'ed or pruned. Once verified it cannot be swapped:
+the tmp folders are sticky, so only its owner (us) may rename or remove it. A root named in the
+environment is the user's own choice and may be a symlink; it must be a directory owned by us
+and not writable by other users. We chmod it to 0700 only when we created it; an existing one
+keeps its mode (each run directory in it is 0700 anyway).
+
+**Pruning.** Only what carries our marks is ever deleted: a run directory has a run's name
+(``<date>-<time>-<function>-<12 hex>``) and holds a :data:`MARKER` file; a results twin has a
+run's name and a ``run_dir`` link; a launcher log is named ``launcher-<pid>.log``. Beyond the
+newest ``$SERVERLESS_GPU_KEEP_RUNS`` (20) of each kind, one is deleted only when it is not live
+and, unless it is a finished run of the pruning process itself, older than :data:`GRACE_S`. A
+run is live while its caller holds the ``flock`` on its marker, from :func:`new_run_dir` until
+:func:`release_run` (or the caller's exit: the kernel drops the lock of a dead process); a
+launcher log while the caller that wrote it (its pid, not started after the log's last write)
+runs. A twin goes once its run directory is gone.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
 import shutil
+import stat
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+import psutil
+
+from .errors import ConfigurationError
 
 RUNS_DIR_ENV = "SERVERLESS_GPU_RUNS_DIR"
 KEEP_RUNS_ENV = "SERVERLESS_GPU_KEEP_RUNS"
 DEFAULT_KEEP_RUNS = 20
 RESULTS_DIR_ENV = "SERVERLESS_GPU_RESULTS_DIR"
+MARKER = ".serverless-gpu-run"
+"""In every run directory: the lock its caller holds while the run is live, and the caller's
+pid and start time (what decides liveness where the filesystem has no ``flock``)."""
+GRACE_S = 600.0
+"""Nothing younger than this is pruned: a run that is being set up, a log the user was just
+pointed at."""
 _OWNER = "run_dir"
+_RUN_NAME = re.compile(r"\d{8}-\d{6}-[A-Za-z0-9_.-]{0,40}-[0-9a-f]{12}")
+_LAUNCHER_LOG = re.compile(r"launcher-(\d+)\.log")
 MIN_TMPFS_BYTES = 1 << 30
 """A smaller /dev/shm (Docker's default is 64 MB) is left to NCCL and DataLoader workers."""
+
+_held: dict[Path, int] = {}
+"""Run directory -> the descriptor of its marker, locked, for each live run of this process."""
+_held_lock = threading.Lock()
+
+
+class RunsDirError(ConfigurationError):
+    """A runs or results root is not safe to use (a symlink, another user's, open to others)."""
 
 
 def runs_root() -> Path:
     configured = os.environ.get(RUNS_DIR_ENV)
-    return _private(
-        Path(configured) if configured else Path(tempfile.gettempdir()) / _user_dir(),
-        RUNS_DIR_ENV,
-    )
+    if configured:
+        return _configured_root(Path(configured), RUNS_DIR_ENV)
+    root = Path(tempfile.gettempdir()) / _user_dir()
+    try:
+        return _default_root(root, RUNS_DIR_ENV)
+    except OSError as exc:  # not writable: a RunsDirError says what to do
+        raise RunsDirError(f"cannot create {root} ({exc.strerror}); set {RUNS_DIR_ENV}") from exc
 
 
 def results_root() -> Path | None:
@@ -43,7 +91,7 @@ def results_root() -> Path | None:
     if configured == "off":
         return None
     if configured:
-        return _private(Path(configured), RESULTS_DIR_ENV)
+        return _configured_root(Path(configured), RESULTS_DIR_ENV)
     try:
         shm = os.statvfs("/dev/shm")
     except OSError:
@@ -51,8 +99,8 @@ def results_root() -> Path | None:
     if shm.f_blocks * shm.f_frsize < MIN_TMPFS_BYTES:
         return None
     try:
-        return _private(Path("/dev/shm") / _user_dir(), RESULTS_DIR_ENV)
-    except OSError:  # read-only or not ours: the run directory will do
+        return _default_root(Path("/dev/shm") / _user_dir(), RESULTS_DIR_ENV)
+    except OSError:  # read-only or full: the run directory will do
         return None
 
 
@@ -60,20 +108,78 @@ def _user_dir() -> str:
     return f"serverless-gpu-{os.getuid()}"
 
 
-def _private(root: Path, env: str) -> Path:
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if root.stat().st_uid != os.getuid():
-        raise PermissionError(f"{root} belongs to another user; set {env}")
-    os.chmod(root, 0o700)
+def _default_root(root: Path, env: str) -> Path:
+    """``root`` in a folder all users share: ours, private, and not a link (see the module)."""
+    try:
+        os.mkdir(root, 0o700)
+        created = True
+    except FileExistsError:
+        created = False
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        raise RunsDirError(
+            f"{root} is a symlink or not a directory; it was not made by serverless_gpu and "
+            f"may be another user's trap. Remove it, or set {env} to a private folder of yours"
+        ) from exc
+    try:
+        st = os.fstat(fd)
+        _check_owner(root, st, env)
+        if created:
+            os.fchmod(fd, 0o700)  # whatever the umask
+        elif stat.S_IMODE(st.st_mode) != 0o700:
+            raise RunsDirError(
+                f"{root} has mode {stat.S_IMODE(st.st_mode):o}, not 700: other users may reach "
+                f"your run files. Run `chmod 700 {root}` if you made it, or set {env}"
+            )
+    finally:
+        os.close(fd)
     return root
 
 
+def _configured_root(root: Path, env: str) -> Path:
+    try:
+        os.mkdir(root, 0o700)
+        created = True
+    except FileExistsError:
+        created = False
+    except FileNotFoundError:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        return _configured_root(root, env)
+    st = os.stat(root)  # a link the user chose is followed; what it leads to is checked
+    if not stat.S_ISDIR(st.st_mode):
+        raise RunsDirError(f"{env}={root} is not a directory")
+    _check_owner(root, st, env)
+    if created:
+        os.chmod(root, 0o700)
+    elif st.st_mode & stat.S_IWOTH:
+        raise RunsDirError(
+            f"{env}={root} is writable by every user, who could replace your run files: "
+            f"run `chmod o-w {root}` or choose a private folder"
+        )
+    return root
+
+
+def _check_owner(root: Path, st: os.stat_result, env: str) -> None:
+    if st.st_uid != os.getuid():
+        raise RunsDirError(
+            f"{root} belongs to user id {st.st_uid}, not to you (user id {os.getuid()}): "
+            f"another user may have made it to read or redirect your run files. "
+            f"Set {env} to a private folder of yours"
+        )
+
+
 def new_run_dir(name: str) -> tuple[str, Path, Path | None]:
-    """A fresh private directory for one run, the run's id, and its results twin (if any)."""
+    """A fresh private directory for one run, the run's id, and its results twin (if any). The
+    run is live (never pruned) until :func:`release_run`."""
     run_id = uuid.uuid4().hex[:12]
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:40]
-    path = runs_root() / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{run_id}"
+    root = runs_root()
+    path = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{run_id}"
     path.mkdir(mode=0o700)
+    _hold(path)
     results_base = results_root()
     results = None
     if results_base is not None:
@@ -82,10 +188,64 @@ def new_run_dir(name: str) -> tuple[str, Path, Path | None]:
         # Callers with different runs directories share the results root: the link says whose
         # twin this is, so that a twin is pruned only once its own run directory is gone.
         (results / _OWNER).symlink_to(path)
-    prune_runs(keep=int(os.environ.get(KEEP_RUNS_ENV, DEFAULT_KEEP_RUNS)), exclude=path)
+    prune_runs(root, keep=int(os.environ.get(KEEP_RUNS_ENV, DEFAULT_KEEP_RUNS)))
     if results_base is not None:
         prune_orphans(results_base)
     return run_id, path, results
+
+
+def _hold(run_dir: Path) -> None:
+    # O_CLOEXEC: a launcher started later must not inherit the lock (flock belongs to the open
+    # file, and every process sharing it would keep the run live).
+    fd = os.open(
+        run_dir / f"{MARKER}.new",
+        os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+    )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass  # a filesystem without flock: liveness is then read from the owner record
+    os.write(fd, _own_record())
+    with _held_lock:
+        _held[run_dir] = fd
+    # Under its name only once locked: a pruner never sees the marker of a live run unlocked.
+    os.rename(run_dir / f"{MARKER}.new", run_dir / MARKER)
+
+
+def _own_record() -> bytes:
+    """What this process writes into its runs' markers: its pid and start time."""
+    pid = os.getpid()
+    if pid not in _records:  # a forked child is another owner
+        _records[pid] = f"{pid} {psutil.Process(pid).create_time()!r}\n".encode()
+    return _records[pid]
+
+
+_records: dict[int, bytes] = {}
+
+
+def release_run(run_dir: Path) -> None:
+    """The call is over: its run directory may be pruned (after the grace period). Idempotent."""
+    with _held_lock:
+        fd = _held.pop(run_dir, None)
+    if fd is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)  # also for a child that inherited the descriptor by fork
+        os.close(fd)
+
+
+def launcher_log_path() -> Path:
+    """Where this process's launcher writes its output (one log per caller process)."""
+    return runs_root() / f"launcher-{os.getpid()}.log"
+
+
+def drop_launcher_log(path: Path) -> None:
+    """Delete a launcher log that stayed empty (at a clean exit); one with text is kept."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def result_paths(run_dir: Path, results_dir: Path | None, rank: int) -> list[Path]:
@@ -98,21 +258,99 @@ def result_paths(run_dir: Path, results_dir: Path | None, rank: int) -> list[Pat
 def prune_orphans(results_base: Path) -> None:
     """Results twins whose run directory no longer exists: left by a caller and launcher that
     were both killed before they could delete them (tmpfs files hold memory)."""
-    for twin in results_base.iterdir():
+    for twin, _ in _ours(results_base, _RUN_NAME, stat.S_ISDIR):
         owner = twin / _OWNER
         if owner.is_symlink() and not owner.exists():  # the link's target, the run dir, is gone
             shutil.rmtree(twin, ignore_errors=True)
 
 
-def prune_runs(keep: int, exclude: Path) -> None:
-    """Delete all but the newest ``keep`` run directories."""
-    runs: list[tuple[float, Path]] = []
-    for path in exclude.parent.iterdir():
+def prune_runs(root: Path, keep: int) -> None:
+    """Beyond the newest ``keep`` run directories and launcher logs, delete those that are not
+    live and are older than :data:`GRACE_S`; this process's own finished runs go at once (it
+    made the newer ones itself, and a loop of calls must not pile up runs for the period)."""
+    runs = [(p, st) for p, st in _ours(root, _RUN_NAME, stat.S_ISDIR) if _is_run(p)]
+    for path in _expired(runs, keep, _run_expired):
+        shutil.rmtree(path, ignore_errors=True)  # never follows a link inside
+    for path in _expired(_ours(root, _LAUNCHER_LOG, stat.S_ISREG), keep, _log_expired):
+        path.unlink(missing_ok=True)
+
+
+def _ours(
+    root: Path, name: re.Pattern[str], kind: Callable[[int], bool]
+) -> list[tuple[Path, os.stat_result]]:
+    """Entries of ``root`` with our name pattern, of that kind (not links), owned by us."""
+    found = []
+    for entry in os.scandir(root):
+        if not name.fullmatch(entry.name):
+            continue
         try:
-            if path.is_dir() and path != exclude:
-                runs.append((path.stat().st_mtime, path))
+            st = entry.stat(follow_symlinks=False)
         except FileNotFoundError:
-            pass  # another caller of the same user pruned it meanwhile
-    runs.sort()
-    for _, old in runs[: max(0, len(runs) - keep + 1)]:
-        shutil.rmtree(old, ignore_errors=True)
+            continue  # another caller of the same user pruned it meanwhile
+        if kind(st.st_mode) and st.st_uid == os.getuid():
+            found.append((Path(entry.path), st))
+    return found
+
+
+def _is_run(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path / MARKER).st_mode)
+    except OSError:
+        return False
+
+
+def _expired(
+    entries: Iterable[tuple[Path, os.stat_result]],
+    keep: int,
+    expired: Callable[[Path, os.stat_result], bool],
+) -> list[Path]:
+    newest_first = sorted(entries, key=lambda e: e[1].st_mtime, reverse=True)
+    return [path for path, st in newest_first[keep:] if expired(path, st)]
+
+
+def _recent(st: os.stat_result) -> bool:
+    return st.st_mtime > time.time() - GRACE_S
+
+
+def _run_expired(run_dir: Path, st: os.stat_result) -> bool:
+    try:
+        fd = os.open(run_dir / MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False  # gone meanwhile
+    try:
+        record = os.read(fd, 100)
+        ours = record == _own_record()
+        if not ours and _recent(st):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # its caller holds the lock: live
+        except OSError:  # no flock on this filesystem
+            return run_dir not in _held if ours else not _owner_alive(record)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _owner_alive(record: bytes) -> bool:
+    """Whether the process that wrote ``"<pid> <start time>"`` still runs."""
+    try:
+        pid, started = record.split()
+        return abs(psutil.Process(int(pid)).create_time() - float(started)) < 0.01
+    except (ValueError, psutil.Error):  # unreadable record, or no such process
+        return False
+
+
+def _log_expired(log: Path, st: os.stat_result) -> bool:
+    """A process with the log's pid that started before the log's last write may be its
+    writer; one started later cannot be."""
+    if _recent(st):
+        return False
+    match = _LAUNCHER_LOG.fullmatch(log.name)
+    assert match is not None
+    try:
+        return psutil.Process(int(match[1])).create_time() > st.st_mtime
+    except psutil.Error:
+        return True  # no such process
