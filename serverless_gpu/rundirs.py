@@ -121,8 +121,9 @@ def _default_root(root: Path, env: str) -> Path:
         if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
         raise RunsDirError(
-            f"{root} is a symlink or not a directory; it was not made by serverless_gpu and "
-            f"may be another user's trap. Remove it, or set {env} to a private folder of yours"
+            f"{root} is a symlink or not a directory: serverless_gpu did not make it, and "
+            f"another user may have planted it to redirect your run files. Set {env} to a "
+            "private folder of yours, or have it removed (by its owner or an administrator)"
         ) from exc
     try:
         st = os.fstat(fd)
