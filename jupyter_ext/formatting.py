@@ -9,7 +9,7 @@ from typing import Any
 from .ansi import strip_ansi
 from .runstate import RankView, RunView
 
-RANK_STATES = ("starting", "running", "done", "failed", "killed")
+RANK_STATES = ("starting", "running", "done", "failed", "stopped", "cancelled")
 _FINAL_WORDS = {
     "succeeded": "succeeded",
     "failed": "failed",
@@ -50,8 +50,25 @@ def hardware_label(view: RunView) -> str:
     return f"{view.world_size} x {view.hardware}"
 
 
+def status_words(view: RunView) -> str:
+    """``starting (MLflow run)``, ``running``, ``timed out`` ..."""
+    if view.status == "starting":
+        return f"starting ({view.phase})"
+    return view.status.replace("_", " ")
+
+
+def rank_status(rank: RankView) -> str:
+    """One line about a rank for the all-ranks view: its outcome, progress bar or last line."""
+    if rank.state in ("starting", "running"):
+        where = rank.progress()
+        shown = str(where) if where is not None else strip_ansi(rank.last_line()).strip()
+    else:
+        shown = rank_outcome(rank)
+    return f"rank {rank.rank} \u00b7 {rank.state}" + (f" \u00b7 {shown}" if shown else "")
+
+
 def header_text(view: RunView, now: float | None = None) -> str:
-    words = _FINAL_WORDS.get(view.status, view.status)
+    words = _FINAL_WORDS.get(view.status, status_words(view))
     return (
         f"{view.name} on {hardware_label(view)}: {words} ({rank_counts(view)}), "
         f"{seconds(view.elapsed(now))}"

@@ -20,8 +20,11 @@ from serverless_gpu.hooks import RunContext
 
 from .text_renderer import TextRenderer
 
-RENDER_HOOK_ORDER = 50
-"""After tracking (order 10), so that ``ctx.links["mlflow"]`` is already there."""
+RENDER_HOOK_ORDER = 5
+"""Before tracking (order 10), whose MLflow run takes seconds to create: the widget shows the
+run as starting at once. Links added later are drawn as they come (``ctx.links`` is shared)."""
+HOOKS_DONE_ORDER = 1000
+"""After every other hook: the run waits for the launcher next."""
 DISPLAY_ENV = "SERVERLESS_GPU_DISPLAY"
 _KEEP_RECENT = 16
 
@@ -31,9 +34,6 @@ class Renderer(Protocol):
 
     def show_results(self, descriptions: list[str]) -> None:
         """Add each rank's result type and shape to the summary."""
-
-    def show_error(self, rank: int, text: str) -> None:
-        """Name the exception a rank raised in the summary."""
 
 
 _recent: OrderedDict[str, tuple[Path, Renderer]] = OrderedDict()
@@ -59,6 +59,14 @@ def render_run(ctx: RunContext) -> Renderer | None:
     while len(_recent) > _KEEP_RECENT:
         _recent.popitem(last=False)
     return renderer
+
+
+def hooks_done(ctx: RunContext) -> None:
+    """Run hook, last: tell the run's renderer that the launcher is what the run waits for."""
+    entry = _recent.get(ctx.run_id)
+    set_phase = getattr(entry[1], "set_phase", None) if entry is not None else None
+    if set_phase is not None:
+        set_phase("launcher")
 
 
 def renderer_for(run_id: str | None = None, run_dir: Path | None = None) -> Renderer | None:

@@ -1,14 +1,23 @@
-"""HTML fragments of the run widget: header, one rank's output, final summary.
+"""HTML fragments of the run widget and of the record a finished run leaves in the notebook.
 
-Pure functions of a :class:`RunView`, so the widget only decides *when* to redraw.
+Pure functions of a :class:`RunView`, so the widget only decides *when* to redraw. The record is
+plain HTML (no widget, no script): what a restarted kernel, nbviewer and GitHub show.
 """
 
 from __future__ import annotations
 
 import html
 
-from .ansi import ansi_to_html
-from .formatting import final_line, hardware_label, seconds, summary_rows
+from .ansi import ansi_to_html, strip_ansi
+from .formatting import (
+    final_line,
+    hardware_label,
+    rank_counts,
+    rank_status,
+    seconds,
+    status_words,
+    summary_rows,
+)
 from .runstate import RankView, RunView
 
 STATE_COLORS = {
@@ -16,13 +25,17 @@ STATE_COLORS = {
     "running": "#1f6feb",
     "done": "#1a7f37",
     "failed": "#cf222e",
-    "killed": "#bc4c00",
-    "succeeded": "#1a7f37",
+    "stopped": "#bc4c00",
     "cancelled": "#bc4c00",
+    "succeeded": "#1a7f37",
     "timed_out": "#cf222e",
 }
 LINK_TITLES = {"mlflow": "MLflow run"}
-_OUTPUT_HEIGHT = "22em"
+RECORD_TAIL = 20
+"""Last lines per rank kept in the record (the full logs stay on disk)."""
+_RANK_COLORS = ("#0969da", "#8250df", "#1a7f37", "#bc4c00", "#bf3989", "#0a7b83", "#6e7781")
+_MUTED = "color:#6e7781;font-size:85%"
+_PRE = "margin:0;white-space:pre-wrap;word-break:break-all;font-size:12px;line-height:1.35"
 
 
 def badge(text: str, state: str) -> str:
@@ -33,71 +46,121 @@ def badge(text: str, state: str) -> str:
     )
 
 
-def header_html(view: RunView, now: float | None = None, note: str = "") -> str:
-    status = "cancelling" if note == "cancelling" else view.status
-    links = " ".join(
+def _links(view: RunView) -> str:
+    return " ".join(
         f'<a href="{html.escape(url)}" target="_blank" rel="noopener" '
         f'style="color:#1f6feb;text-decoration:underline">'
         f"{html.escape(LINK_TITLES.get(name, name))} &#8599;</a>"
         for name, url in view.links.items()
     )
-    ranks = "".join(badge(f"rank {r.rank}: {r.state}", r.state) for r in view.ranks)
+
+
+def header_html(view: RunView, now: float | None = None, note: str = "") -> str:
+    """Name, hardware, status, clock and links; rank counts and progress; the log folder."""
+    status = "cancelling" if note == "cancelling" else status_words(view)
     parts = [
         f"<b>{html.escape(view.name)}</b>",
         html.escape(hardware_label(view)),
-        badge(status.replace("_", " "), view.status),
+        badge(status, view.status),
         f'<span class="sgpu-elapsed">{seconds(view.elapsed(now))}</span>',
     ]
-    if links:
-        parts.append(links)
+    if view.links:
+        parts.append(_links(view))
+    second = [html.escape(rank_counts(view))]
+    progress = view.progress_line()
+    if progress and not view.done:
+        second.append(f'<span class="sgpu-progress">progress: {html.escape(progress)}</span>')
     logs = html.escape(str(view.run_dir / "logs"))
     return (
-        '<div class="sgpu-header" style="line-height:1.8">'
+        '<div class="sgpu-header" style="line-height:1.7">'
         + " &middot; ".join(parts)
-        + f"<br>{ranks}"
-        + f'<br><span style="color:#777;font-size:85%">full logs: <code>{logs}</code>'
-        + "</span></div>"
+        + f"<br>{' &middot; '.join(second)}"
+        + f'<br><span style="{_MUTED}">full logs: <code>{logs}</code></span></div>'
     )
 
 
-def rank_output_html(view: RunView, rank: RankView) -> str:
-    """The rank's last lines, newest at the bottom, scrolled to the end (column-reverse)."""
+def rank_lines_html(view: RunView, rank: RankView) -> str:
+    """The rank's last lines (colours kept), oldest first, with a note about older ones."""
     body: list[str] = []
     if rank.dropped:
         path = html.escape(str(view.log_path(rank.rank)))
-        body.append(
-            f'<span style="color:#777">... {rank.dropped:,} earlier lines are in {path}</span>\n'
-        )
+        body.append(f'<span style="color:#777">... {rank.dropped:,} earlier lines: {path}</span>\n')
     body.extend(ansi_to_html(text) + "\n" for _stream, text in rank.lines)
     body.extend(ansi_to_html(text) + "\n" for text in rank.provisional.values())
     if not rank.lines and not rank.provisional:
         body.append(f'<span style="color:#777">(no output yet from rank {rank.rank})</span>')
-    return (
-        f'<div class="sgpu-rank-output" data-rank="{rank.rank}" style="max-height:{_OUTPUT_HEIGHT};'
-        'overflow:auto;display:flex;flex-direction:column-reverse">'
-        '<pre style="margin:0;white-space:pre-wrap;word-break:break-all;font-size:12px;'
-        f'line-height:1.35">{"".join(body)}</pre></div>'
-    )
+    return "".join(body)
 
 
-def summary_html(view: RunView) -> str:
-    cell = '<td style="text-align:left;padding:1px 14px 1px 0">'
-    rows = "".join(
-        f"<tr>{cell}rank {rank}</td>{cell}{badge(state, state)}</td>{cell}{duration}</td>"
-        f"{cell}<code>{html.escape(outcome)}</code></td></tr>"
-        for rank, state, duration, outcome in summary_rows(view)
-    )
-    head = "".join(
-        f'<th style="text-align:left;padding:1px 14px 1px 0">{title}</th>'
-        for title in ("rank", "status", "time", "result / error")
-    )
-    return (
-        f'<div class="sgpu-summary"><b>{html.escape(view.name)}</b>: '
-        f"{html.escape(final_line(view))}"
-        f'<table style="margin-top:4px;border-collapse:collapse"><tr>{head}</tr>{rows}</table>'
-        "</div>"
-    )
+def _prefix(rank: int) -> str:
+    color = _RANK_COLORS[rank % len(_RANK_COLORS)]
+    return f'<span style="color:{color}">[rank {rank}]</span> '
+
+
+def merged_lines_html(view: RunView) -> str:
+    """Every rank's lines in arrival order, each prefixed ``[rank N]``."""
+    if not view.merged:
+        return '<span style="color:#777">(no output yet)</span>'
+    return "".join(_prefix(rank) + ansi_to_html(text) + "\n" for rank, text in view.merged)
+
+
+def rank_status_html(view: RunView) -> str:
+    """One line per rank: its state and its last line, progress or outcome."""
+    rows = []
+    for rank in view.ranks:
+        text = rank_status(rank).split(" \u00b7 ", 2)
+        shown = html.escape(text[2]) if len(text) > 2 else ""
+        rows.append(
+            f'<div class="sgpu-rank-status" data-rank="{rank.rank}" style="white-space:nowrap;'
+            f'overflow:hidden;text-overflow:ellipsis">{_prefix(rank.rank)}'
+            f"{badge(rank.state, rank.state)}<code>{shown}</code></div>"
+        )
+    return f'<div style="font-size:12px;line-height:1.7">{"".join(rows)}</div>'
 
 
 def tab_title(rank: RankView) -> str:
     return f"rank {rank.rank} \u00b7 {rank.state}"
+
+
+def record_html(view: RunView, tail: int = RECORD_TAIL) -> str:
+    """The finished run as static HTML: header, per-rank table, each rank's last lines."""
+    cell = '<td style="text-align:left;padding:1px 12px 1px 0;vertical-align:top">'
+    head = "".join(
+        f'<th style="text-align:left;padding:1px 12px 1px 0">{title}</th>'
+        for title in ("rank", "status", "time", "result / error", "last line")
+    )
+    rows = "".join(
+        f"<tr>{cell}{rank}</td>{cell}{badge(state, state)}</td>{cell}{duration}</td>"
+        f"{cell}<code>{html.escape(outcome)}</code></td>"
+        f"{cell}<code>{html.escape(_last(view.ranks[int(rank)]))}</code></td></tr>"
+        for rank, state, duration, outcome in summary_rows(view)
+    )
+    links = f" &middot; {_links(view)}" if view.links else ""
+    logs = html.escape(str(view.run_dir / "logs"))
+    return (
+        '<div class="sgpu-record" style="line-height:1.6">'
+        f"<b>{html.escape(view.name)}</b> &middot; {html.escape(hardware_label(view))} &middot; "
+        f"{badge(view.status.replace('_', ' '), view.status)}{links}"
+        f'<div class="sgpu-summary">{html.escape(final_line(view))}</div>'
+        f'<table style="border-collapse:collapse;font-size:90%"><tr>{head}</tr>{rows}</table>'
+        + "".join(_rank_tail(view, rank, tail) for rank in view.ranks)
+        + f'<div style="{_MUTED}">full logs: <code>{logs}</code></div></div>'
+    )
+
+
+def _last(rank: RankView) -> str:
+    return strip_ansi(rank.last_line()).strip()[:160]
+
+
+def _rank_tail(view: RunView, rank: RankView, tail: int) -> str:
+    lines = [text for _stream, text in list(rank.lines)[-tail:]]
+    opened = " open" if rank.rank == (view.root_cause_rank or 0) else ""
+    earlier = rank.line_count - len(lines)
+    more = f", {earlier:,} earlier lines in the log" if earlier > 0 else ""
+    body = "".join(ansi_to_html(text) + "\n" for text in lines) or "(no output)"
+    return (
+        f'<details class="sgpu-record-rank" data-rank="{rank.rank}"{opened}>'
+        f"<summary>rank {rank.rank} &middot; {html.escape(rank.state)} &middot; last "
+        f"{len(lines)} lines{more}</summary>"
+        f'<pre style="{_PRE}">{body}</pre></details>'
+    )

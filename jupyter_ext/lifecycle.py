@@ -13,7 +13,7 @@ from typing import Any
 
 from serverless_gpu.hooks import register_hook, unregister_hook
 
-from .hook import RENDER_HOOK_ORDER, render_run
+from .hook import HOOKS_DONE_ORDER, RENDER_HOOK_ORDER, hooks_done, render_run
 from .magics import DistributedMagics
 from .tracebacks import ExceptionDisplay
 
@@ -30,12 +30,14 @@ class _Loaded:
     def install(self) -> None:
         self.shell.register_magics(DistributedMagics)
         register_hook(render_run, order=RENDER_HOOK_ORDER)
+        register_hook(hooks_done, order=HOOKS_DONE_ORDER)
         self.shell.observe(_stop_on_exit, names="exit_now")
         self.exceptions.install()
 
     def uninstall(self) -> None:
         self.exceptions.uninstall()
         unregister_hook(render_run)
+        unregister_hook(hooks_done)
         self.shell.unobserve(_stop_on_exit, names="exit_now")
         cell_magics = self.shell.magics_manager.magics.get("cell", {})
         for name in _MAGIC_NAMES:

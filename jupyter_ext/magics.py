@@ -21,7 +21,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
 
 from serverless_gpu import ConfigurationError, DistributedConfig, DistributedFunction, RunResult
-from serverless_gpu.errors import DistributedError, RemoteError
+from serverless_gpu.errors import DistributedError
 
 from . import magic_args
 from .cellfunc import EmptyCellError, build_cell_function
@@ -82,7 +82,6 @@ class DistributedMagics(Magics):
         try:
             result = function.distributed()
         except Exception as exc:
-            _report_error(exc)
             _show_without_local_frames(exc, label)
             raise
         renderer = renderer_for(run_id=result.run_id)
@@ -107,19 +106,6 @@ class DistributedMagics(Magics):
             )
         except ConfigurationError as exc:
             raise UsageError(f"{exc}\n\n{magic_args.usage(self.distributed)}") from None
-
-
-def _report_error(exc: BaseException) -> None:
-    """Name the failing rank's exception in the run's summary (events only say "raised")."""
-    rank = getattr(exc, "serverless_gpu_rank", None)
-    run_dir = getattr(exc, "serverless_gpu_run_dir", None)
-    text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, RemoteError):
-        rank, run_dir = exc.rank, exc.run_dir
-        text = f"{exc.type_name}: {exc.remote_message}"
-    renderer = renderer_for(run_dir=run_dir) if run_dir is not None else None
-    if renderer is not None and isinstance(rank, int):
-        renderer.show_error(rank, text.splitlines()[0])
 
 
 def _show_without_local_frames(exc: BaseException, label: Labeler) -> None:

@@ -23,6 +23,8 @@ from serverless_gpu.events import (
 )
 from serverless_gpu.hooks import RunContext
 
+from . import progress
+
 MAX_LINES_ENV = "SERVERLESS_GPU_WIDGET_LINES"
 DEFAULT_MAX_LINES = 200
 
@@ -37,12 +39,14 @@ class RankView:
     rank: int
     max_lines: int
     state: str = "starting"
-    """``starting``, ``running``, ``done``, ``failed`` or ``killed``."""
+    """``starting``, ``running``, ``done``, ``failed``, ``stopped`` (by the library, because
+    another rank failed or the run timed out) or ``cancelled``."""
     pid: int | None = None
     started: float | None = None
     finished: float | None = None
     detail: str = ""
-    """Why the rank ended, when it did not simply return."""
+    """Why the rank ended, when it did not simply return: ``ValueError: bad value``,
+    ``exited with code 3``, ``rank 1 failed``."""
     result: str = ""
     """Type and shape of the rank's return value, when the caller reported it."""
     lines: deque[tuple[str, str]] = field(default_factory=deque)
@@ -66,6 +70,20 @@ class RankView:
                 self.provisional[stream] = piece.rstrip("\r")
         self.version += 1
 
+    def last_line(self) -> str:
+        """The line being rewritten (a progress bar), else the last finished line."""
+        for text in reversed(list(self.provisional.values())):
+            return text
+        return self.lines[-1][1] if self.lines else ""
+
+    def progress(self) -> progress.Progress | None:
+        """Where the rank's progress bar stands (a bar being redrawn, or one just finished)."""
+        for text in (*self.provisional.values(), self.lines[-1][1] if self.lines else ""):
+            found = progress.parse(text)
+            if found is not None:
+                return found
+        return None
+
     @property
     def dropped(self) -> int:
         """Finished lines no longer held here (they are in the log file)."""
@@ -75,6 +93,10 @@ class RankView:
         if self.started is None:
             return None
         return (self.finished or now) - self.started
+
+
+STARTING_PHASES = ("MLflow run", "launcher", "ranks")
+"""What a run waits for before its ranks run, in order (the header says which)."""
 
 
 class RunView:
@@ -91,43 +113,59 @@ class RunView:
         self.run_dir: Path = ctx.run_dir
         self.links = ctx.links
         self.started = time.time()
+        """When the view was made: renderers are made as the call starts, so the clock counts
+        from the call, not from the ranks' start."""
         self.finished: float | None = None
         self.status = "starting"
+        tracked = bool(ctx.options.get("tracking", True))
+        self.phase = STARTING_PHASES[0] if tracked else STARTING_PHASES[1]
+        """While ``status`` is ``starting``: what the run waits for."""
         self.message = ""
         self.root_cause_rank: int | None = None
         limit = max_lines if max_lines is not None else max_lines_setting()
         self.ranks = [RankView(r, limit) for r in range(self.world_size)]
+        self.merged: deque[tuple[int, str]] = deque(maxlen=2 * limit)
+        """Every rank's finished lines in arrival order, for the all-ranks view."""
+        self.version = 0
+        """Bumped on every change to any rank."""
 
     def apply(self, event: Event | object) -> bool:
         """Fold one event in; False for event types this renderer does not know."""
         if isinstance(event, RunStarted):
-            self.started = event.time
-            self.status = "running"
+            self.phase = STARTING_PHASES[2]
         elif isinstance(event, RankStarted):
             self._rank_started(event)
         elif isinstance(event, OutputLines):
             self.ranks[event.rank].add_output(event.stream, event.lines)
+            self.merged.extend((event.rank, p[:-1]) for p in event.lines if p.endswith("\n"))
         elif isinstance(event, RankFinished):
             self._rank_finished(event)
         elif isinstance(event, RunFinished):
             self._run_finished(event)
         else:
             return False
+        self.version += 1
         return True
 
     def _rank_started(self, event: RankStarted) -> None:
         rank = self.ranks[event.rank]
         rank.state, rank.pid, rank.started = "running", event.pid, event.time
         rank.version += 1
+        self.status = "running"
 
     def _rank_finished(self, event: RankFinished) -> None:
         rank = self.ranks[event.rank]
-        rank.state = event.state.value
         rank.finished = event.time
-        if event.summary:
-            rank.detail = event.summary
-        elif event.state.value != "done":
-            rank.detail = event.signal_name or f"exit code {event.exit_code}"
+        if event.state.value == "killed":
+            # Killed by a signal: the library stopping it (another rank failed, a timeout, a
+            # cancel), unless RunFinished names this rank as the root cause; it says which.
+            rank.state, rank.detail = "stopped", ""
+        else:
+            rank.state = event.state.value
+            if event.summary:
+                rank.detail = _without_rank(event.rank, event.summary)
+            elif event.state.value != "done":
+                rank.detail = f"exited with code {event.exit_code}"
         rank.provisional.clear()
         rank.version += 1
 
@@ -135,11 +173,26 @@ class RunView:
         self.status = event.status.value
         self.finished = event.time
         self.message = event.message
-        self.root_cause_rank = event.root_cause_rank
-        if event.root_cause_rank is not None and event.message:
-            root = self.ranks[event.root_cause_rank]
-            root.detail = event.message
-            root.version += 1
+        root = event.root_cause_rank
+        self.root_cause_rank = root
+        for rank in self.ranks:
+            if rank.rank == root:
+                rank.state = "failed"
+                cause = getattr(event, "cause", "") or _without_rank(root, event.message)
+                rank.detail = _without_rank(root, cause) or rank.detail
+            elif rank.state in ("stopped", "starting", "running"):
+                rank.state, rank.detail = self._stop_reason()
+            rank.version += 1
+
+    def _stop_reason(self) -> tuple[str, str]:
+        """State and detail of a rank the library stopped, in the words of the run's end."""
+        if self.status == "cancelled":
+            return "cancelled", ""
+        if self.status == "timed_out":
+            return "stopped", "the run timed out"
+        if self.root_cause_rank is not None:
+            return "stopped", f"rank {self.root_cause_rank} failed"
+        return "stopped", "the run failed"
 
     @property
     def done(self) -> bool:
@@ -157,6 +210,12 @@ class RunView:
             rank.result = text
             rank.version += 1
 
-    def set_error(self, rank: int, text: str) -> None:
-        self.ranks[rank].detail = text
-        self.ranks[rank].version += 1
+    def progress_line(self) -> str:
+        """The slowest and fastest rank's progress bar (empty when no rank runs one)."""
+        positions = [(r.rank, p) for r in self.ranks if (p := r.progress()) is not None]
+        return progress.merged_line(positions)
+
+
+def _without_rank(rank: int, text: str) -> str:
+    """One wording for the error column: ``ValueError: x`` (the row already names the rank)."""
+    return text.removeprefix(f"rank {rank} ").removeprefix("raised ")

@@ -57,9 +57,6 @@ class TextRenderer:
         listed = ", ".join(f"rank {r}: {d}" for r, d in enumerate(descriptions))
         self._write(f"  results: {listed}\n")
 
-    def show_error(self, rank: int, text: str) -> None:
-        self.view.set_error(rank, text)  # the traceback printed next says the rest
-
     def _header(self) -> str:
         view = self.view
         parts = [f"serverless_gpu: {view.name} on {hardware_label(view)}"]

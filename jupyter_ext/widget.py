@@ -1,8 +1,14 @@
-"""The live run widget: header with status and links, Cancel, one tab per rank, summary.
+"""The live run widget: header with status and links, Cancel, an all-ranks view and one tab per
+rank; once the run ends, a static record in its place.
 
 Events only update the :class:`RunView`; the widget is redrawn at most every
 ``min_interval`` seconds (and on state changes), so a rank printing 100,000 lines costs the
 browser a few redraws per second of bounded size, and costs the rank nothing.
+
+When the run ends the cell's output is replaced (same display id) by plain HTML with a text
+form: header, per-rank table with each rank's last lines, result or error, log folder and
+MLflow link. A widget needs its kernel to draw; the record is what a restarted kernel, a saved
+notebook, nbviewer and GitHub show.
 """
 
 from __future__ import annotations
@@ -19,16 +25,18 @@ from serverless_gpu.hooks import RunContext
 
 from . import html_view
 from .formatting import snapshot_text
+from .log_pane import LogPane
 from .runstate import RunView
 from .uipoll import UiPump
 
 MIN_INTERVAL_S = 0.25
 _HEADER_INTERVAL_S = 1.0
 CANCEL_REASON = "cancelled from the notebook widget"
+ALL_RANKS = "all ranks"
 
 
 class RunWidget(widgets.VBox):
-    """A VBox whose ``text/plain`` form is the run's readable summary (static viewers)."""
+    """A VBox whose ``text/plain`` form is the run's readable summary (text-only clients)."""
 
     def __init__(self, text: Callable[[], str], **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -63,6 +71,8 @@ class WidgetRenderer:
         self._drawn: dict[int, int] = {}
         self._last_draw = 0.0
         self._last_header = 0.0
+        self.record = ""
+        """The finished run as static HTML (empty while it runs)."""
         self._build()
         self._display: DisplayHandle | None = None
         if show:
@@ -78,18 +88,22 @@ class WidgetRenderer:
             tooltip="Stop every rank of this run",
         )
         self.cancel_button.on_click(self._on_cancel)
-        self.outputs = [widgets.HTML(html_view.rank_output_html(view, r)) for r in view.ranks]
+        self.rank_status = widgets.HTML(html_view.rank_status_html(view))
+        self.merged = LogPane("all", html_view.merged_lines_html(view))
+        self.outputs = [
+            LogPane(str(r.rank), html_view.rank_lines_html(view, r), view.log_path(r.rank))
+            for r in view.ranks
+        ]
+        everything = widgets.VBox([self.rank_status, self.merged], _dom_classes=["sgpu-all"])
         self.tabs = widgets.Tab(
-            children=self.outputs, titles=tuple(html_view.tab_title(r) for r in view.ranks)
+            children=[everything, *self.outputs],
+            titles=(ALL_RANKS, *(html_view.tab_title(r) for r in view.ranks)),
         )
-        self.summary = widgets.HTML("", layout=widgets.Layout(display="none"))
         top = widgets.HBox(
             [self.header, self.cancel_button],
             layout=widgets.Layout(justify_content="space-between", align_items="flex-start"),
         )
-        self.widget = RunWidget(
-            self.text, children=[top, self.tabs, self.summary], _dom_classes=["sgpu-run"]
-        )
+        self.widget = RunWidget(self.text, children=[top, self.tabs], _dom_classes=["sgpu-run"])
 
     # -- events and ticks (the waiting thread) --------------------------------------------
 
@@ -100,6 +114,11 @@ class WidgetRenderer:
             self._finish()
         else:
             self._refresh(force=not isinstance(event, OutputLines))
+
+    def set_phase(self, phase: str) -> None:
+        """What the run waits for while it starts (the hooks are done: the launcher next)."""
+        self.view.phase = phase
+        self._draw_header()
 
     def tick(self) -> None:
         """Idle callback: handle pending clicks, redraw if something is due."""
@@ -118,14 +137,11 @@ class WidgetRenderer:
     def _refresh(self, *, force: bool) -> None:
         now = time.monotonic()
         due = now - self._last_draw >= self.min_interval
-        if force or (due and self._dirty()):
+        if force or (due and self._drawn.get(-1) != self.view.version):
             self._draw()
             return
         if now - self._last_header >= _HEADER_INTERVAL_S:
             self._draw_header()
-
-    def _dirty(self) -> bool:
-        return any(self._drawn.get(r.rank) != r.version for r in self.view.ranks)
 
     def _draw_header(self) -> None:
         self._last_header = time.monotonic()
@@ -134,11 +150,16 @@ class WidgetRenderer:
     def _draw(self) -> None:
         self._last_draw = time.monotonic()
         self._draw_header()
-        for rank, output in zip(self.view.ranks, self.outputs, strict=True):
+        view = self.view
+        if self._drawn.get(-1) != view.version:
+            self._drawn[-1] = view.version
+            self.rank_status.value = html_view.rank_status_html(view)
+            self.merged.html = html_view.merged_lines_html(view)
+        for rank, output in zip(view.ranks, self.outputs, strict=True):
             if self._drawn.get(rank.rank) != rank.version:
                 self._drawn[rank.rank] = rank.version
-                output.value = html_view.rank_output_html(self.view, rank)
-        titles = tuple(html_view.tab_title(r) for r in self.view.ranks)
+                output.html = html_view.rank_lines_html(view, rank)
+        titles = (ALL_RANKS, *(html_view.tab_title(r) for r in view.ranks))
         if tuple(self.tabs.titles) != titles:
             self.tabs.titles = titles
 
@@ -148,24 +169,21 @@ class WidgetRenderer:
         self._draw()
         self.cancel_button.disabled = True
         self.cancel_button.layout.display = "none"
-        self._draw_summary()
-
-    def _draw_summary(self) -> None:
-        self.summary.value = html_view.summary_html(self.view)
-        self.summary.layout.display = None
+        self._publish_record()
         if self._display is not None:
-            # Re-publish so that the saved output's text/plain is the final summary.
-            self._display.update(self.widget)
+            _close(self.widget)  # replaced by the record: its models are shown nowhere now
+
+    def _publish_record(self) -> None:
+        self.record = html_view.record_html(self.view)
+        if self._display is not None:
+            bundle = {"text/html": self.record, "text/plain": self.text()}
+            self._display.update(bundle, raw=True)
 
     # -- results and cancel ---------------------------------------------------------------
 
     def show_results(self, descriptions: list[str]) -> None:
         self.view.set_results(descriptions)
-        self._draw_summary()
-
-    def show_error(self, rank: int, text: str) -> None:
-        self.view.set_error(rank, text)
-        self._draw_summary()
+        self._publish_record()
 
     def _on_cancel(self, _button: widgets.Button) -> None:
         if self.view.done:
@@ -183,3 +201,10 @@ class WidgetRenderer:
 
     def text(self) -> str:
         return snapshot_text(self.view)
+
+
+def _close(widget: widgets.Widget) -> None:
+    """Close ``widget`` and every widget under it (their comms and kernel-side state)."""
+    for child in getattr(widget, "children", ()):
+        _close(child)
+    widget.close()

@@ -72,19 +72,21 @@ def test_widget_shows_every_rank_live(attach: Any) -> None:
     finally:
         hooks.unregister_hook(_fake_tracking)
     widget: WidgetRenderer = made[0]
-    assert len(widget.tabs.children) == 2
-    assert tuple(widget.tabs.titles) == ("rank 0 · done", "rank 1 · done")
+    assert tuple(widget.tabs.titles) == ("all ranks", "rank 0 · done", "rank 1 · done")
     for rank in (0, 1):
-        html = widget.outputs[rank].value
+        html = widget.outputs[rank].html
         assert f"rank {rank} line 2" in html
         assert f"rank {1 - rank} line" not in html
         assert '<span style="color:#3a3">green line</span>' in html and "\x1b" not in html
         bars = [line for line in html.split("\n") if f"bar{rank}:" in line]
         assert len(bars) == 1 and "100%" in bars[0], bars  # the bar is one line, redrawn
+        assert f"</span> rank {rank} line 2\n" in widget.merged.html  # all ranks, prefixed
+    assert widget.rank_status.value.count(">done<") == 2
     header = widget.header.value
     assert f'href="{LINK}{widget.view.run_id}"' in header and "MLflow run" in header
     assert str(widget.view.run_dir / "logs") in header
-    assert "succeeded" in widget.summary.value and widget.cancel_button.disabled
+    assert "succeeded" in widget.record and widget.cancel_button.disabled
+    assert f'href="{LINK}{widget.view.run_id}"' in widget.record
     text = widget.text()
     assert "[rank 1] rank 1 line 2" in text and "run succeeded" in text
 
@@ -95,7 +97,7 @@ def test_widget_output_is_bounded_and_throttled(attach: Any) -> None:
     started = time.monotonic()
 
     def watch(ctx: RunContext) -> None:
-        made[-1].outputs[0].observe(lambda _change: updates.append(time.monotonic()), "value")
+        made[-1].outputs[0].observe(lambda _change: updates.append(time.monotonic()), "html")
 
     hooks.register_hook(watch, order=60)
     try:
@@ -106,9 +108,9 @@ def test_widget_output_is_bounded_and_throttled(attach: Any) -> None:
     widget: WidgetRenderer = made[0]
     rank0 = widget.view.ranks[0]
     assert len(rank0.lines) == 200 and rank0.line_count > 100_000
-    html = widget.outputs[0].value
+    html = widget.outputs[0].html
     assert "rank 0 line 99999" in html and "rank 0 line 99799" not in html
-    assert f"earlier lines are in {widget.view.log_path(0)}" in html
+    assert f"earlier lines: {widget.view.log_path(0)}" in html
     assert len(html) < 40_000
     log = widget.view.log_path(0).read_text()
     assert log.count("\n") > 100_000
@@ -143,7 +145,8 @@ def test_cancel_button_stops_every_rank(attach: Any) -> None:
     assert clicked and time.monotonic() - clicked[0] < 3
     widget: WidgetRenderer = made[0]
     assert widget.view.status == "cancelled"
-    assert "cancelled" in widget.summary.value
+    assert "was cancelled" in widget.record
+    assert [r.state for r in widget.view.ranks] == ["cancelled", "cancelled"]
     pids = [r.pid for r in widget.view.ranks if r.pid is not None]
     assert len(pids) == 2 and not [pid for pid in pids if pid_alive(pid)]
 
@@ -170,4 +173,7 @@ def test_text_renderer_reports_a_failed_run(attach: Any) -> None:
     assert "[rank 1] KeyError: 'missing shard'" in text  # stderr of every rank is shown
     assert "serverless_gpu: rank 1 failed (KeyError: 'missing shard')" in text
     assert re.search(r"run failed after [\d.]+ s: rank 1 raised KeyError: 'missing shard'", text)
-    assert re.search(r"\n  0 +killed .*SIGTERM", text) and re.search(r"\n  1 +failed ", text)
+    # The peer stopped because of rank 1, in those words; rank 1's error as "Type: message".
+    assert re.search(r"\n  0 +stopped +[\d.]+ s +rank 1 failed\n", text), text
+    assert re.search(r"\n  1 +failed +[\d.]+ s +KeyError: 'missing shard'\n", text), text
+    assert "SIGTERM" not in text

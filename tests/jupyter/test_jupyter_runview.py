@@ -1,0 +1,140 @@
+"""The run as renderers word it: states users use, one error wording, progress, all ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jupyter_ext import progress
+from jupyter_ext.formatting import rank_status, status_words, summary_rows
+from jupyter_ext.html_view import merged_lines_html, rank_status_html
+from jupyter_ext.runstate import RunView
+from serverless_gpu.events import (
+    OutputLines,
+    RankFinished,
+    RankStarted,
+    RankState,
+    RunFinished,
+    RunStarted,
+    RunStatus,
+)
+from serverless_gpu.gpus import GPUType, Placement
+from serverless_gpu.hooks import RunContext
+
+RUN = "r1"
+
+
+def _view(tmp_path: Path, ranks: int = 2, tracking: bool = True) -> RunView:
+    placement = Placement(ranks, "cpu", GPUType.parse("cpu"), ())
+    ctx = RunContext(RUN, "train", placement, None, tmp_path, {"tracking": tracking})
+    return RunView(ctx)
+
+
+def _start(view: RunView) -> None:
+    view.apply(RunStarted(RUN, "train", len(view.ranks), "cpu", "cpu", (), view.run_dir, None, 1))
+    for rank in view.ranks:
+        view.apply(RankStarted(RUN, rank.rank, 100 + rank.rank, 2.0))
+
+
+def _killed(rank: int) -> RankFinished:
+    return RankFinished(RUN, rank, RankState.KILLED, -15, "SIGTERM", 5.0)
+
+
+def test_a_peer_stopped_for_a_failure_says_which_rank_failed(tmp_path: Path) -> None:
+    view = _view(tmp_path, ranks=3)
+    _start(view)
+    view.apply(RankFinished(RUN, 1, RankState.FAILED, 1, None, 4.0, "ValueError: bad value"))
+    view.apply(_killed(0))
+    assert "SIGTERM" not in rank_status(view.ranks[0])  # not yet known why: no signal words
+    view.apply(_killed(2))
+    view.apply(
+        RunFinished(RUN, RunStatus.FAILED, 1, "rank 1 raised ValueError: bad value", (0, 2), 6.0)
+    )
+    rows = [(rank, state, outcome) for rank, state, _time, outcome in summary_rows(view)]
+    assert rows == [
+        ("0", "stopped", "rank 1 failed"),
+        ("1", "failed", "ValueError: bad value"),
+        ("2", "stopped", "rank 1 failed"),
+    ]
+
+
+def test_a_crash_is_worded_like_a_raise(tmp_path: Path) -> None:
+    view = _view(tmp_path)
+    _start(view)
+    view.apply(RankFinished(RUN, 0, RankState.KILLED, -9, "SIGKILL", 4.0))
+    view.apply(_killed(1))
+    view.apply(RunFinished(RUN, RunStatus.FAILED, 0, "rank 0 was killed by SIGKILL", (1,), 5.0))
+    rows = [(state, outcome) for _rank, state, _time, outcome in summary_rows(view)]
+    assert rows == [("failed", "was killed by SIGKILL"), ("stopped", "rank 0 failed")]
+
+
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [
+        (RunStatus.CANCELLED, ("cancelled", "")),
+        (RunStatus.TIMED_OUT, ("stopped", "the run timed out")),
+    ],
+)
+def test_ranks_stopped_by_a_cancel_or_a_timeout(
+    tmp_path: Path, status: RunStatus, words: tuple[str, str]
+) -> None:
+    view = _view(tmp_path)
+    _start(view)
+    view.apply(_killed(0))
+    view.apply(_killed(1))
+    view.apply(RunFinished(RUN, status, None, "", (0, 1), 6.0))
+    assert {(rank.state, rank.detail) for rank in view.ranks} == {words}
+
+
+def test_starting_names_what_the_run_waits_for(tmp_path: Path) -> None:
+    view = _view(tmp_path)
+    assert status_words(view) == "starting (MLflow run)"
+    assert status_words(_view(tmp_path, tracking=False)) == "starting (launcher)"
+    view.apply(RunStarted(RUN, "train", 2, "cpu", "cpu", (), tmp_path, None, view.started + 3))
+    assert status_words(view) == "starting (ranks)"
+    view.apply(RankStarted(RUN, 0, 100, view.started + 4))
+    assert status_words(view) == "running"
+    assert view.elapsed(view.started + 5) == 5  # the clock counts from the call
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("train:  40%|####      | 12/30 [00:03<00:04, 4.0it/s]", "40% (12/30)"),
+        ("\x1b[32mepoch 2\x1b[0m: 100%|██████████| 1.2k/1.2k [00:01<00:00]", "100% (1.2k/1.2k)"),
+        ("loss 0.5 at step 12/30", None),
+        ("accuracy 97% on 3 classes", None),
+    ],
+)
+def test_progress_bars_are_read_from_tqdm_lines(line: str, expected: str | None) -> None:
+    found = progress.parse(line)
+    assert (str(found) if found else None) == expected
+
+
+def test_the_merged_progress_line_names_the_straggler(tmp_path: Path) -> None:
+    view = _view(tmp_path, ranks=3)
+    _start(view)
+    for rank, done in ((0, 20), (1, 12), (2, 18)):
+        bar = f"step: {done * 100 // 30}%|###   | {done}/30 [00:01<00:01]\r"
+        view.apply(OutputLines(RUN, rank, "stderr", (bar,), 3.0))
+    assert view.progress_line() == "slowest rank 1 at 40% (12/30), fastest rank 0 at 66% (20/30)"
+    assert rank_status(view.ranks[1]) == "rank 1 \u00b7 running \u00b7 40% (12/30)"
+
+
+def test_all_ranks_view_interleaves_lines_with_rank_prefixes(tmp_path: Path) -> None:
+    view = _view(tmp_path)
+    _start(view)
+    view.apply(OutputLines(RUN, 0, "stdout", ("a0\n", "a1\n"), 3.0))
+    view.apply(OutputLines(RUN, 1, "stdout", ("b0\n", "partial"), 3.1))
+    view.apply(OutputLines(RUN, 0, "stdout", ("a2\n",), 3.2))
+    text = merged_lines_html(view)
+    lines = [line.split("</span> ", 1) for line in text.strip().split("\n")]
+    assert [(p[0][-8:], p[1]) for p in lines] == [
+        ("[rank 0]", "a0"),
+        ("[rank 0]", "a1"),
+        ("[rank 1]", "b0"),
+        ("[rank 0]", "a2"),
+    ]
+    status = rank_status_html(view)
+    assert "<code>a2</code>" in status and "<code>partial</code>" in status  # each last line
