@@ -177,22 +177,29 @@ def new_run_dir(name: str) -> tuple[str, Path, Path | None]:
     run is live (never pruned) until :func:`release_run`."""
     run_id = uuid.uuid4().hex[:12]
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:40]
-    root = runs_root()
+    root, results_base = runs_root(), results_root()
     path = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{run_id}"
     path.mkdir(mode=0o700)
     _hold(path)
-    results_base = results_root()
-    results = None
-    if results_base is not None:
-        results = results_base / path.name
-        results.mkdir(mode=0o700)
-        # Callers with different runs directories share the results root: the link says whose
-        # twin this is, so that a twin is pruned only once its own run directory is gone.
-        (results / _OWNER).symlink_to(path)
+    results = None if results_base is None else _new_twin(results_base / path.name, path)
     prune_runs(root, keep=int(os.environ.get(KEEP_RUNS_ENV, DEFAULT_KEEP_RUNS)))
     if results_base is not None:
         prune_orphans(results_base)
     return run_id, path, results
+
+
+def _new_twin(twin: Path, run_dir: Path) -> Path | None:
+    """The run's results twin, or None where the results root has no room even for that (the
+    results then go to the run directory)."""
+    try:
+        twin.mkdir(mode=0o700)
+        # Callers with different runs directories share the results root: the link says whose
+        # twin this is, so that a twin is pruned only once its own run directory is gone.
+        (twin / _OWNER).symlink_to(run_dir)
+    except OSError:
+        shutil.rmtree(twin, ignore_errors=True)
+        return None
+    return twin
 
 
 def _hold(run_dir: Path) -> None:

@@ -140,3 +140,26 @@ def test_two_callers_filling_the_results_tmpfs_both_get_their_results(
             caller.wait(30)
     for caller, output in zip(callers, outputs, strict=True):
         assert caller.returncode == 0 and output.endswith("ok\n"), output[-3000:]
+
+
+def test_a_call_starting_on_a_full_results_tmpfs_keeps_its_results_in_the_run_directory(
+    mount_tmpfs: MountTmpfs, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from serverless_gpu import distributed
+
+    full = mount_tmpfs("1m")
+    (full / "results").mkdir(mode=0o700)
+    with open(full / "filler", "wb", buffering=0) as f:  # another program took every page
+        try:
+            while True:
+                f.write(b"x" * 4096)
+        except OSError:
+            pass
+    monkeypatch.setenv(RESULTS_DIR_ENV, str(full / "results"))
+    monkeypatch.setenv(RUNS_DIR_ENV, str(tmp_path / "runs"))
+
+    @distributed(gpus=2, output="none", tracking=False)
+    def ranks() -> int:
+        return int(os.environ["RANK"])
+
+    assert ranks.distributed() == [0, 1]
