@@ -20,6 +20,9 @@ from .errors import (
     RankFailedError,
     RemoteError,
     SerializationError,
+    StorageError,
+    UsageError,
+    WaitTimeoutError,
 )
 from .gpus import GPUType
 from .results import RunResult
@@ -46,6 +49,9 @@ __all__ = [
     "RemoteError",
     "RunResult",
     "SerializationError",
+    "StorageError",
+    "UsageError",
+    "WaitTimeoutError",
     "distributed",
     "get_global_rank",
     "get_local_rank",

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib.util
+import inspect
 import math
 import os
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
+from pathlib import Path
+from typing import Any, Generic, NoReturn, ParamSpec, TypeGuard, TypeVar, overload
 
+from . import settings
 from . import tracking as _tracking  # noqa: F401 - registers the MLflow run hook (lazy mlflow)
 from .backends.base import Backend, RunRequest
 from .backends.local import default_backend
 from .console import OUTPUT_CHOICES, ConsolePrinter
 from .env import RANK_INIT_ENV
-from .errors import ConfigurationError, UsageError
-from .gpus import GPUType, check_gpu_count, resolve_placement
+from .errors import ConfigurationError, DistributedError, LauncherError, StorageError, UsageError
+from .gpus import GPUType, check_cpu_count, check_gpu_count, cpu_mode_requested, resolve_placement
 from .handle import RunHandle
 from .hooks import RunContext, run_hooks
 from .results import RunResult
@@ -37,7 +41,7 @@ class DistributedConfig:
 
     gpus: int | None = None
     """Ranks to start, one per GPU; ``None`` means every visible GPU (CPU mode: 2, or
-    ``$SERVERLESS_GPU_CPU_RANKS``)."""
+    ``$SERVERLESS_GPU_CPU_RANKS``). CPU mode runs at most ``settings.MAX_CPU_RANKS`` (64)."""
     gpu_type: str | GPUType | None = None
     """Expected accelerator (``"H100"``, ``"a10g"`` ...); ``None`` auto-detects; ``"cpu"`` runs
     CPU ranks over gloo. A mismatch with the machine fails before launch."""
@@ -52,30 +56,82 @@ class DistributedConfig:
     run_name: str | None = None
     """Name of the MLflow run; defaults to the function's name."""
     max_payload_bytes: int | None = None
-    """Limit on the pickled function and arguments (default ~100 MB, or
-    ``$SERVERLESS_GPU_MAX_PAYLOAD_MB``)."""
+    """Limit on the pickled function and arguments, a positive number of bytes (default
+    ~100 MB, or ``$SERVERLESS_GPU_MAX_PAYLOAD_MB``); pickling stops as soon as it is passed."""
     grace: float = 1.0
-    """Seconds between SIGTERM and SIGKILL when ranks are stopped."""
+    """Seconds between SIGTERM and SIGKILL when ranks are stopped: finite, at most
+    ``settings.MAX_GRACE_S`` (60) and at most ``timeout``."""
     standby: bool = True
     """Prepare rank processes ahead of the call (launcher started at decoration time)."""
 
     def __post_init__(self) -> None:
-        if self.timeout is not None and (
-            isinstance(self.timeout, bool)
-            or not isinstance(self.timeout, (int, float))
-            or not math.isfinite(self.timeout)
-            or self.timeout <= 0
-        ):
-            raise ConfigurationError(
-                f"timeout must be a positive number of seconds or None, not {self.timeout!r}"
-            )
+        _check_timeout(self.timeout)
         check_gpu_count(self.gpus)
         if self.gpu_type is not None:
             GPUType.parse(self.gpu_type)
+        if cpu_mode_requested(self.gpu_type):
+            check_cpu_count(self.gpus)
         if self.output not in OUTPUT_CHOICES:
             raise ConfigurationError(f"output must be one of {OUTPUT_CHOICES}, not {self.output!r}")
-        if not (isinstance(self.grace, (int, float)) and self.grace >= 0):
-            raise ConfigurationError(f"grace must be a non-negative number, not {self.grace!r}")
+        _check_grace(self.grace, self.timeout)
+        _check_options(self)
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_timeout(timeout: object) -> None:
+    if timeout is not None and not (_is_number(timeout) and math.isfinite(timeout) and timeout > 0):
+        raise ConfigurationError(
+            f"timeout must be a positive number of seconds or None, not {timeout!r}"
+        )
+
+
+def _check_grace(grace: object, timeout: float | None) -> None:
+    cap = settings.MAX_GRACE_S
+    if not (_is_number(grace) and 0 <= grace <= cap):
+        raise ConfigurationError(
+            f"grace must be a number of seconds from 0 to {cap:g}, not {grace!r}"
+        )
+    if timeout is not None and grace > timeout:
+        raise ConfigurationError(
+            f"grace={grace!r} is longer than timeout={timeout!r}: a stopped rank may take up to "
+            "grace seconds to end, so it must not exceed the timeout"
+        )
+
+
+def _check_options(config: DistributedConfig) -> None:
+    limit = config.max_payload_bytes
+    if limit is not None and not (
+        isinstance(limit, int) and not isinstance(limit, bool) and limit > 0
+    ):
+        raise ConfigurationError(
+            f"max_payload_bytes must be a positive whole number of bytes or None, not {limit!r}"
+        )
+    for name in ("standby", "tracking"):
+        if not isinstance(getattr(config, name), bool):
+            raise ConfigurationError(f"{name} must be True or False, not {getattr(config, name)!r}")
+    if config.run_name is not None and not isinstance(config.run_name, str):
+        raise ConfigurationError(f"run_name must be a string or None, not {config.run_name!r}")
+
+
+def _check_function(func: object) -> None:
+    """What ``.distributed`` can run: a plain callable whose return value is the result."""
+    if not callable(func):
+        raise UsageError(f"@distributed needs a function (a callable), not {func!r}")
+    target = inspect.unwrap(func) if inspect.isfunction(func) else func
+    if inspect.isasyncgenfunction(target) or inspect.iscoroutinefunction(target):
+        raise UsageError(
+            f"{getattr(func, '__qualname__', func)!r} is an async function: each rank calls the "
+            "function and returns its value, and nothing would run a coroutine there; wrap it "
+            "in a plain function that calls asyncio.run(...)"
+        )
+    if inspect.isgeneratorfunction(target):
+        raise UsageError(
+            f"{getattr(func, '__qualname__', func)!r} is a generator function: a generator "
+            "cannot be sent back from a rank; return a list instead (e.g. list(gen()))"
+        )
 
 
 class DistributedFunction(Generic[P, R]):
@@ -84,6 +140,7 @@ class DistributedFunction(Generic[P, R]):
     def __init__(
         self, func: Callable[P, R], config: DistributedConfig, backend: Backend | None = None
     ) -> None:
+        _check_function(func)
         self.func = func
         self.config = config
         self._backend = backend
@@ -107,13 +164,23 @@ class DistributedFunction(Generic[P, R]):
     def distributed(self, *args: P.args, **kwargs: P.kwargs) -> RunResult[R]:
         """Run the function once per rank with these arguments; one return value per rank."""
         __tracebackhide__ = True  # IPython and pytest hide this frame in tracebacks
-        handle = self.start(*args, **kwargs)
+        try:
+            handle = self.start(*args, **kwargs)
+        except DistributedError as exc:
+            # The library's frames below here say nothing; the exception keeps its own cause
+            # and context, so no "from".
+            raise exc.with_traceback(None)  # noqa: B904
         try:
             return handle.result()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             handle.cancel("interrupted (KeyboardInterrupt in the caller)")
             handle.wait(_INTERRUPT_WAIT_S)
-            raise
+            # The interrupt landed somewhere in the library's waiting loop: its frames
+            # (handle.py, queue.py, threading.py) would only hide the user's line.
+            raise exc.with_traceback(None)  # noqa: B904
+        except BaseException as exc:
+            # Frames of result() and wait() say nothing; the rank's traceback is the cause.
+            raise exc.with_traceback(None)  # noqa: B904
         finally:
             if not handle.done():
                 handle.cancel("the caller stopped waiting")
@@ -122,10 +189,15 @@ class DistributedFunction(Generic[P, R]):
     def start(self, *args: P.args, **kwargs: P.kwargs) -> RunHandle[R]:
         """Start the ranks and return at once (provisional API; ``.distributed`` builds on it)."""
         cfg = self.config
+        settings.check()  # before anything exists: no run directory, MLflow run or launcher
+        cwd = _working_directory()
         placement = resolve_placement(cfg.gpus, cfg.gpu_type)
         payload = dump_payload(self.func, args, kwargs, max_payload_bytes(cfg.max_payload_bytes))
         name = getattr(self.func, "__qualname__", "fn")
-        run_id, run_dir, results_dir = new_run_dir(name)
+        try:
+            run_id, run_dir, results_dir = new_run_dir(name)
+        except OSError as exc:
+            raise _os_error("could not create the run directory", exc, ConfigurationError) from exc
         ctx = RunContext(
             run_id=run_id,
             name=name,
@@ -142,24 +214,56 @@ class DistributedFunction(Generic[P, R]):
             context=ctx,
             payload=payload,
             env=_rank_base_env(ctx),
-            cwd=os.getcwd(),
+            cwd=cwd,
             sys_path=tuple(sys.path),
             grace=float(cfg.grace),
         )
-        handle: RunHandle[R] = self.backend.submit(request)
+        try:
+            handle: RunHandle[R] = self.backend.submit(request)
+        except OSError as exc:
+            raise _os_error("could not start the run", exc, LauncherError, run_dir) from exc
         for subscriber in subscribers:
             handle.subscribe(subscriber)
         return handle
 
 
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO}
+
+
+def _os_error(
+    what: str, exc: OSError, other: type[DistributedError], run_dir: Path | None = None
+) -> DistributedError:
+    """An OSError on the way to starting a run, as the library's own error: a
+    :class:`StorageError` when a disk refused a write, else ``other``."""
+    if isinstance(exc, DistributedError):
+        return exc
+    if exc.errno in _STORAGE_ERRNOS:
+        err: DistributedError = StorageError.wrap(what, exc)
+    else:
+        err = other(f"{what}: {exc}")
+    err.run_dir = run_dir
+    return err
+
+
+def _working_directory() -> str:
+    """The caller's working directory, where the ranks start."""
+    try:
+        return os.getcwd()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"the current working directory cannot be read ({exc.strerror}; was it deleted?): "
+            "the ranks start in it. Change to an existing directory (os.chdir) and call again."
+        ) from None
+
+
 _prewarm_threads: set[threading.Thread] = set()
-WARMUP_ENV = "SERVERLESS_GPU_WARMUP"
+WARMUP_ENV = settings.WARMUP.name
 
 
 def warm_up(gpus: int | None = None, gpu_type: str | GPUType | None = None) -> None:
     """Start the launcher and standby ranks in the background (``%load_ext`` calls this), so
     that the first call of a session finds them ready. ``SERVERLESS_GPU_WARMUP=0`` disables."""
-    if os.environ.get(WARMUP_ENV, "1") != "0":
+    if settings.WARMUP.read():
         _start_prewarm(lambda: _prewarm(default_backend(), gpus, gpu_type, tracking=True))
 
 

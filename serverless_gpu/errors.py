@@ -40,6 +40,64 @@ class SerializationError(DistributedError):
 class PayloadTooLargeError(SerializationError):
     """The pickled function and arguments exceed the configured size limit."""
 
+    def __init__(self, message: str, *, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        """The limit in bytes; pickling stopped as soon as it was passed."""
+
+
+class StorageError(DistributedError, OSError):
+    """A file of the run could not be written (no space left, a file-size limit, a read-only
+    folder); ``errno`` and ``filename`` are those of the underlying ``OSError``."""
+
+    @classmethod
+    def wrap(cls, what: str, exc: OSError) -> StorageError:
+        err = cls(f"{what}: {exc}")
+        err.errno, err.strerror, err.filename = exc.errno, exc.strerror, exc.filename
+        return err
+
+
+RAISED = "raised"
+UNPICKLABLE_RESULT = "unpicklable_result"
+RESULT_NOT_WRITTEN = "result_not_written"
+CONNECTION_LOST = "connection_lost"
+"""Kinds of rank failure the rank itself reports (``ErrorRecord.kind``)."""
+
+STR_FAILED = "<exception str() failed>"
+"""The message of an exception whose ``__str__`` raised (the wording ``traceback`` uses)."""
+
+
+def exception_message(exc: BaseException) -> str:
+    """``str(exc)``, or :data:`STR_FAILED` when the exception's own ``__str__`` raises."""
+    try:
+        return str(exc)
+    except Exception:  # a broken __str__ must not lose the exception it belongs to
+        return STR_FAILED
+
+
+def describe_failure(kind: str, type_name: str, message: str) -> str:
+    """A rank's failure as it reads after ``rank N``: worded here once, for the console, the
+    widget, MLflow and the exception the caller raises."""
+    lines = message.strip().splitlines()
+    first = lines[0] if lines else ""
+    if kind == UNPICKLABLE_RESULT:
+        return f"returned a {type_name} that cannot be pickled: {first}"
+    if kind == RESULT_NOT_WRITTEN:
+        return f"returned a {type_name} that could not be written for the caller: {first}"
+    if kind == CONNECTION_LOST:
+        return (
+            "returned, but its connection to the launcher was closed (the function closed "
+            "file descriptors it did not open); its result cannot be delivered"
+        )
+    return f"raised {describe_exception(type_name, message)}"
+
+
+def describe_exception(type_name: str, message: str) -> str:
+    """``"ValueError: first line of the message"`` (the type without its module)."""
+    lines = message.strip().splitlines()
+    short = type_name.rsplit(".", 1)[-1]
+    return f"{short}: {lines[0]}" if lines else short
+
 
 @dataclass(frozen=True)
 class RankFailure:
@@ -90,7 +148,9 @@ class RemoteError(DistributedError):
     def __init__(
         self, rank: int, type_name: str, message: str, traceback_text: str, *, run_dir: Path | None
     ) -> None:
-        super().__init__(f"rank {rank} raised {type_name}: {message}", run_dir=run_dir)
+        super().__init__(
+            f"rank {rank} {describe_failure(RAISED, type_name, message)}", run_dir=run_dir
+        )
         self.rank = rank
         self.type_name = type_name
         self.remote_message = message
@@ -110,6 +170,10 @@ class DistributedTimeoutError(DistributedError, TimeoutError):
         )
         self.timeout = timeout
         self.running_ranks = running_ranks
+
+
+class WaitTimeoutError(DistributedError, TimeoutError):
+    """``RunHandle.result(timeout=...)`` gave up waiting; the run itself goes on."""
 
 
 class CancelledError(DistributedError):

@@ -111,6 +111,9 @@ class RunFinished:
     unfinished_ranks: tuple[int, ...]
     """Ranks that had not returned when the run was stopped (timeout, cancel, failure)."""
     time: float
+    cause: str = ""
+    """The root-cause rank's failure as it reads after ``rank N`` (``"raised ValueError: x"``,
+    ``"was killed by SIGSEGV"``); ``message`` is ``"rank N " + cause``."""
 
 
 @dataclass(frozen=True)

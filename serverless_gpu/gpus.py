@@ -15,11 +15,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from . import settings
 from .errors import GPUConfigError
 
-CPU_MODE_ENV = "SERVERLESS_GPU_TYPE"
-CPU_RANKS_ENV = "SERVERLESS_GPU_CPU_RANKS"
-DEFAULT_CPU_RANKS = 2
+CPU_MODE_ENV = settings.DEVICE_TYPE.name
 
 
 class GPUType(str, enum.Enum):
@@ -154,18 +153,28 @@ def check_gpu_count(gpus: object) -> None:
         raise GPUConfigError(f"gpus must be a positive integer or None, not {gpus!r}")
 
 
+def check_cpu_count(gpus: int | None) -> None:
+    """CPU mode runs every rank on this machine's cores: at most ``settings.MAX_CPU_RANKS``."""
+    if gpus is not None and gpus > settings.MAX_CPU_RANKS:
+        raise GPUConfigError(
+            f"gpus={gpus} CPU ranks were requested; CPU mode runs at most "
+            f"{settings.MAX_CPU_RANKS} ranks (each a process holding torch on this machine)"
+        )
+
+
 def cpu_mode_requested(gpu_type: str | GPUType | None) -> bool:
     """CPU mode is asked for by ``gpu_type="cpu"`` or by ``SERVERLESS_GPU_TYPE=cpu``."""
     if gpu_type is not None and GPUType.parse(gpu_type) is GPUType.CPU:
         return True
-    return os.environ.get(CPU_MODE_ENV, "").strip().lower() == "cpu"
+    return settings.cpu_mode()
 
 
 def resolve_placement(gpus: int | None, gpu_type: str | GPUType | None) -> Placement:
     """Check the request against the machine and decide the ranks; raises before any launch."""
     check_gpu_count(gpus)
     if cpu_mode_requested(gpu_type):
-        count = gpus if gpus is not None else int(os.environ.get(CPU_RANKS_ENV, DEFAULT_CPU_RANKS))
+        check_cpu_count(gpus)
+        count = gpus if gpus is not None else settings.CPU_RANKS.read()
         return Placement(count, "cpu", GPUType.CPU, ())
     names = visible_gpu_names()
     if not names:

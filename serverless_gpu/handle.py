@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from .errors import WaitTimeoutError
 from .events import (
     Event,
     OutputLines,
@@ -23,7 +24,7 @@ from .events import (
     Subscriber,
 )
 from .hooks import RunContext
-from .results import RunResult, failure_exception, load_results
+from .results import RunResult, failure_exception, load_results, with_root_cause
 
 R = TypeVar("R")
 _STDERR_TAIL_LINES = 20
@@ -109,12 +110,17 @@ class RunHandle(Generic[R]):
         """The ranks' return values in rank order, or the root-cause exception raised."""
         __tracebackhide__ = True  # IPython and pytest hide this frame in tracebacks
         if not self.wait(timeout):
-            raise TimeoutError(f"run {self.run_id} still running after {timeout} s")
+            raise WaitTimeoutError(
+                f"run {self.run_id} still running after waiting {timeout:g} s; it goes on "
+                "(call result() again to keep waiting, or cancel() to stop it)",
+                run_dir=self.run_dir,
+            )
         if self._outcome is None:
             self._outcome = self._build_outcome()
         values, error = self._outcome
         if error is not None:
-            raise error
+            # Raised afresh each time: a second result() call must not show the first's frames.
+            raise error.with_traceback(None)
         assert values is not None
         return values
 
@@ -127,6 +133,7 @@ class RunHandle(Generic[R]):
         elif isinstance(event, RankFinished):
             self.ranks[event.rank] = event
         elif isinstance(event, RunFinished):
+            event = with_root_cause(event, self.context.run_dir)
             self.finished = event
             self.status = event.status
             if event.status is not RunStatus.SUCCEEDED:

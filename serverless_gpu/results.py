@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from .errors import (
+    CONNECTION_LOST,
+    RAISED,
+    RESULT_NOT_WRITTEN,
+    UNPICKLABLE_RESULT,
     CancelledError,
     DistributedError,
     DistributedTimeoutError,
@@ -16,7 +21,9 @@ from .errors import (
     RemoteError,
     RemoteTraceback,
     SerializationError,
+    StorageError,
     attach_remote_context,
+    describe_failure,
 )
 from .events import RankFinished, RunFinished, RunStatus
 from .protocol import ErrorRecord
@@ -56,7 +63,9 @@ def load_results(run_dir: Path, results_dir: Path | None, world_size: int) -> li
         path = next((p for p in paths if p.exists()), paths[-1])
         try:
             values.append(load_result(path))
-        except Exception as exc:  # e.g. the result's class cannot be imported in the caller
+        # BaseException: unpickling runs the result's own code, which may raise SystemExit or
+        # KeyboardInterrupt; that is the rank's result misbehaving, not the caller exiting.
+        except BaseException as exc:  # e.g. the result's class cannot be imported in the caller
             raise SerializationError(
                 f"the result of rank {rank} could not be loaded in the caller: "
                 f"{type(exc).__name__}: {exc}",
@@ -80,35 +89,73 @@ def failure_exception(
     root = finished.root_cause_rank
     if root is None:
         return DistributedError(f"run failed: {finished.message}", run_dir=run_dir)
-    error_path = run_dir / f"error_{root}.pkl"
-    if error_path.exists():
-        return _exception_from_record(load_from_file(error_path), run_dir)
     info = ranks.get(root)
     failure = RankFailure(
         rank=root,
         time=info.time if info else finished.time,
         exit_code=info.exit_code if info else None,
         signal_name=info.signal_name if info else None,
-        message=finished.message.removeprefix(f"rank {root} "),
+        message=finished.cause or finished.message.removeprefix(f"rank {root} "),
         log_path=run_dir / "logs" / f"rank_{root}.txt",
         stderr_tail=stderr_tails.get(root, ""),
     )
+    error_path = run_dir / f"error_{root}.pkl"
+    if error_path.exists():
+        return _exception_from_record(load_from_file(error_path), failure, run_dir)
     return RankFailedError(failure, run_dir=run_dir)
 
 
-def _exception_from_record(record: ErrorRecord, run_dir: Path) -> BaseException:
-    if record.exception is not None:
-        try:
-            exc = pickle.loads(record.exception)
-        except Exception:  # a class the caller cannot import: fall back to the text record
-            exc = None
-        if isinstance(exc, BaseException):
-            return attach_remote_context(exc, record.rank, record.traceback_text, run_dir)
-    if record.library_error:
-        err: DistributedError = SerializationError(record.message, run_dir=run_dir)
+def _exception_from_record(
+    record: ErrorRecord, failure: RankFailure, run_dir: Path
+) -> BaseException:
+    kind = record_kind(record)
+    if kind == CONNECTION_LOST:
+        message = describe_failure(kind, record.type_name, record.message)
+        return RankFailedError(replace(failure, message=message), run_dir=run_dir)
+    exc = _unpickled(record.exception)
+    # Only a real Exception keeps its type: a rank's KeyboardInterrupt (or another
+    # BaseException) re-raised as is would read as the caller's own Ctrl-C or exit.
+    if isinstance(exc, Exception):
+        return attach_remote_context(exc, record.rank, record.traceback_text, run_dir)
+    err: DistributedError
+    text = f"rank {record.rank} {describe_failure(kind, record.type_name, record.message)}"
+    if kind == RESULT_NOT_WRITTEN:
+        err = StorageError(text, run_dir=run_dir)
+    elif kind != RAISED or record.library_error:
+        err = SerializationError(text, run_dir=run_dir)
     else:
         err = RemoteError(
             record.rank, record.type_name, record.message, record.traceback_text, run_dir=run_dir
         )
     err.__cause__ = RemoteTraceback(record.rank, record.traceback_text)
     return err
+
+
+def record_kind(record: ErrorRecord) -> str:
+    """What the rank reported: ``errors.RAISED``, ``UNPICKLABLE_RESULT`` ..."""
+    return record.extra.get("kind", UNPICKLABLE_RESULT if record.library_error else RAISED)
+
+
+def with_root_cause(finished: RunFinished, run_dir: Path) -> RunFinished:
+    """``finished`` worded from the root-cause rank's own record, when it wrote one: the
+    launcher only knows a one-line summary of it."""
+    root = finished.root_cause_rank
+    path = run_dir / f"error_{root}.pkl"
+    if root is None or finished.status is not RunStatus.FAILED or not path.exists():
+        return finished
+    try:
+        record = load_from_file(path)
+    except Exception:  # result() reports a broken record; the event stays as is
+        return finished
+    cause = describe_failure(record_kind(record), record.type_name, record.message)
+    return replace(finished, message=f"rank {root} {cause}", cause=cause)
+
+
+def _unpickled(data: bytes | None) -> BaseException | None:
+    if data is None:
+        return None
+    try:
+        exc = pickle.loads(data)
+    except BaseException:  # a class the caller cannot import (or one that exits on load)
+        return None
+    return exc if isinstance(exc, BaseException) else None

@@ -10,48 +10,99 @@ from __future__ import annotations
 import inspect
 import os
 import pickle
+import types
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import cloudpickle
 
-from . import tensor_file
+from . import settings, sources, tensor_file
 from .errors import PayloadTooLargeError, SerializationError
 
-DEFAULT_MAX_PAYLOAD_BYTES = 100 * 1024 * 1024
-MAX_PAYLOAD_ENV = "SERVERLESS_GPU_MAX_PAYLOAD_MB"
+MAX_PAYLOAD_ENV = settings.MAX_PAYLOAD_MB.name
 _SEARCH_DEPTH = 4
+_DYNAMIC_FILE = "<dynamic-code>"
 
 
 def max_payload_bytes(configured: int | None) -> int:
     """The limit in force: the decorator's argument, else the environment, else ~100 MB."""
-    if configured is not None:
-        return configured
-    env = os.environ.get(MAX_PAYLOAD_ENV)
-    return int(float(env) * 1024 * 1024) if env else DEFAULT_MAX_PAYLOAD_BYTES
+    return configured if configured is not None else settings.max_payload_bytes()
+
+
+class _LimitReached(Exception):
+    """Raised inside the pickler by the writer as soon as the payload passes its limit."""
+
+
+class _LimitedWriter:
+    """Collects the pickle's bytes and stops it at the limit: a 2 GB argument is refused after
+    ~limit bytes were written (pickle hands a large bytes object over in one write, uncopied)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self.chunks: list[bytes] = []
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        self.size += n
+        if self.size > self.limit:
+            raise _LimitReached
+        self.chunks.append(bytes(data))
+        return n
+
+
+class _PayloadPickler(cloudpickle.Pickler):
+    """cloudpickle, except that code objects keep their file name (cloudpickle writes
+    ``<dynamic-code>``), so that a rank's traceback names the script or cell and quotes it."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.filenames: set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.CodeType) and obj.co_filename != _DYNAMIC_FILE:
+            self.filenames.add(obj.co_filename)
+            return _code_in_file, (obj.replace(co_filename=_DYNAMIC_FILE), obj.co_filename)
+        return super().reducer_override(obj)
+
+
+def _code_in_file(code: types.CodeType, filename: str) -> types.CodeType:
+    return code.replace(co_filename=filename)
 
 
 def dump_payload(
     func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], limit: int
 ) -> bytes:
-    """Pickle ``(func, args, kwargs)`` once; name the culprit when it cannot be pickled."""
+    """Pickle ``(func, args, kwargs)`` once, preceded by the in-memory source lines the rank
+    needs for its tracebacks; name the culprit when it cannot be pickled."""
+    writer = _LimitedWriter(limit)
+    pickler = _PayloadPickler(writer)
     try:
-        data = cloudpickle.dumps((func, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.dump((func, args, kwargs))
+    except _LimitReached:
+        raise PayloadTooLargeError(
+            f"the function and its arguments pickle to more than the {limit / 2**20:g} MiB "
+            "limit (pickling stopped there). Load large data inside the function (from a file, "
+            "a volume or a URL) instead of capturing it or passing it as an argument; or raise "
+            f"the limit with max_payload_bytes= or {MAX_PAYLOAD_ENV}.",
+            limit=limit,
+        ) from None
     except Exception as exc:  # pickling raises many unrelated types (TypeError, PicklingError, ...)
         where = describe_unpicklable(func, args, kwargs)
         raise SerializationError(
             f"cannot serialize the call to {_qualname(func)}: {where}: {type(exc).__name__}: {exc}"
         ) from exc
-    if len(data) > limit:
-        raise PayloadTooLargeError(
-            f"the function and its arguments pickle to {len(data) / 2**20:.1f} MiB, over the "
-            f"{limit / 2**20:.0f} MiB limit. Load large data inside the function (from a file, a "
-            "volume or a URL) instead of capturing it or passing it as an argument; or raise the "
-            f"limit with max_payload_bytes= or {MAX_PAYLOAD_ENV}."
-        )
-    return data
+    header = pickle.dumps(sources.collect(pickler.filenames), protocol=pickle.HIGHEST_PROTOCOL)
+    return b"".join([header, *writer.chunks])
+
+
+def load_payload(f: BinaryIO) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+    """In a rank: register the shipped source lines, then unpickle the call."""
+    sources.install(pickle.load(f))
+    func, args, kwargs = pickle.load(f)
+    return func, args, kwargs
 
 
 def describe_unpicklable(

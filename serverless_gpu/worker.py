@@ -22,11 +22,20 @@ from typing import Any, NoReturn
 
 import cloudpickle
 
-from . import runtime, seeding
+from . import runtime, seeding, sources
 from .env import RANK_INIT_ENV
+from .errors import (
+    CONNECTION_LOST,
+    RAISED,
+    RESULT_NOT_WRITTEN,
+    UNPICKLABLE_RESULT,
+    describe_exception,
+    describe_failure,
+    exception_message,
+)
 from .lifetime import die_with_parent
 from .protocol import ErrorRecord, RankDone, RankSpec, Release, ToCaller, UserCodeStarted
-from .serialization import dump_result, dump_to_file
+from .serialization import dump_result, dump_to_file, load_payload
 
 
 def rank_main(conn: Connection, stdout_fd: int, stderr_fd: int, warm_cuda: int | None) -> NoReturn:
@@ -108,31 +117,87 @@ def _run(conn: Connection, spec: RankSpec) -> int:
         try:
             _call_initializers()
             with open(spec.payload_path, "rb") as f:
-                func, args, kwargs = pickle.load(f)
+                func, args, kwargs = load_payload(f)
             result = func(*args, **kwargs)
         finally:
             _exit_callbacks_quietly()
     except SystemExit as exc:
         return _exit_code(exc)
     except BaseException as exc:  # the user's failure, whatever it is, goes back to the caller
-        _write_error(spec, exc, library_error=False)
-        send(RankDone(ok=False, time=time.time(), summary=_error_summary(exc)))
-        return 1
+        return _report_error(spec, send, exc, RAISED, _type_name(exc), exception_message(exc))
     try:
         _write_result(result, spec.result_paths, spec.world_size)
+    except OSError as exc:  # no room left anywhere: say so, not "cannot be pickled"
+        return _report_error(
+            spec, send, exc, RESULT_NOT_WRITTEN, _type_name(result), exception_message(exc)
+        )
     except Exception as exc:  # any pickling failure: report which rank and which type
-        message = f"rank {spec.rank} returned a {_type_name(result)} that cannot be pickled: {exc}"
-        _write_error(spec, exc, library_error=True, message=message)
-        send(RankDone(ok=False, time=time.time(), summary=message))
-        return 1
-    send(RankDone(ok=True, time=time.time(), summary=summarize(result)))
+        return _report_error(
+            spec, send, exc, UNPICKLABLE_RESULT, _type_name(result), exception_message(exc)
+        )
+    try:
+        send(RankDone(ok=True, time=time.time(), summary=_summary(result)))
+    except OSError as exc:  # the function closed our connection: the result cannot be announced
+        return _report_error(spec, send, exc, CONNECTION_LOST, _type_name(result), "")
     _flush()
     try:
         while not isinstance(conn.recv(), Release):
             pass
-    except EOFError:
+    except (EOFError, OSError):
         pass
     return 0
+
+
+def _report_error(
+    spec: RankSpec,
+    send: Callable[[Any], None],
+    exc: BaseException,
+    kind: str,
+    type_name: str,
+    message: str,
+) -> int:
+    """Record a failure for the caller. The record goes first, then the launcher is told, and
+    the traceback is logged last: a function that closed stdout, stderr or the connection to
+    the launcher must not lose its error to a failed write."""
+    tb_text = _user_traceback(exc)
+    failure = describe_failure(kind, type_name, message)
+    record = ErrorRecord(
+        rank=spec.rank,
+        time=time.time(),
+        type_name=type_name,
+        message=message,
+        traceback_text=tb_text,
+        exception=_pickled_exception(exc) if kind == RAISED else None,
+        library_error=kind != RAISED,
+        extra={"kind": kind},
+    )
+    _attempt(dump_to_file, record, spec.error_path)
+    # The launcher words a raising rank's summary itself ("rank N raised " + summary).
+    summary = describe_exception(type_name, message) if kind == RAISED else failure
+    _attempt(send, RankDone(ok=False, time=record.time, summary=summary))
+    _attempt(sys.stderr.write, tb_text)
+    return 1
+
+
+def _attempt(action: Callable[..., Any], *args: Any) -> None:
+    """One step of reporting a failure; a step that fails must not stop the next one."""
+    try:
+        action(*args)
+    except Exception:  # e.g. EBADF on a closed stderr or socket
+        pass
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The rank's traceback from the user's first frame on: this module's frames say nothing
+    to the user. Source lines of notebook cells come from the payload (``sources``)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+    except Exception:  # a hostile exception must still be reported
+        text = f"{type(exc).__qualname__}: {exception_message(exc)}\n"
+    return sources.relabel(text)
 
 
 def _locked_sender(conn: Connection) -> Callable[[Any], None]:
@@ -190,30 +255,15 @@ def summarize(value: Any) -> str:
     return kind
 
 
-def _error_summary(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+def _summary(value: Any) -> str:
+    try:
+        return summarize(value)
+    except Exception:  # a result whose .shape raises is still a result
+        return type(value).__qualname__
 
 
 def _type_name(value: Any) -> str:
     return f"{type(value).__module__}.{type(value).__qualname__}"
-
-
-def _write_error(
-    spec: RankSpec, exc: BaseException, *, library_error: bool, message: str | None = None
-) -> None:
-    tb_text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    sys.stderr.write(tb_text)
-    record = ErrorRecord(
-        rank=spec.rank,
-        time=time.time(),
-        type_name=_type_name(exc),
-        message=message if message is not None else str(exc),
-        traceback_text=tb_text,
-        exception=None if library_error else _pickled_exception(exc),
-        library_error=library_error,
-    )
-    dump_to_file(record, spec.error_path)
 
 
 def _pickled_exception(exc: BaseException) -> bytes | None:
@@ -221,8 +271,8 @@ def _pickled_exception(exc: BaseException) -> bytes | None:
     try:
         data = cloudpickle.dumps(exc)
         pickle.loads(data)
-    except Exception:  # unpicklable: the caller gets type, message and traceback text instead
-        return None
+    except BaseException:  # unpicklable, or exits when loaded: the caller gets
+        return None  # type, message and traceback text instead
     return data
 
 

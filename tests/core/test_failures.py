@@ -132,7 +132,7 @@ def test_cancel_through_the_handle() -> None:
     time.sleep(1.0)
     handle.cancel("stop it")
     with pytest.raises(DistributedError, match="cancelled: stop it"):
-        handle.result(timeout=5)
+        handle.result(timeout=30)  # a bound, not a speed claim: a loaded machine is slow
     assert handle.status is RunStatus.CANCELLED
 
 
