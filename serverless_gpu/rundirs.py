@@ -59,6 +59,9 @@ pid and start time (what decides liveness where the filesystem has no ``flock``)
 GRACE_S = 600.0
 """Nothing younger than this is pruned: a run that is being set up, a log the user was just
 pointed at."""
+_CLOCK_SLACK_S = 1.0
+"""A process's start time is derived from the boot time, which the kernel reports in whole
+seconds and moves when the clock is set: start times are compared with this much slack."""
 _OWNER = "run_dir"
 _RUN_NAME = re.compile(r"\d{8}-\d{6}-[A-Za-z0-9_.-]{0,40}-[0-9a-f]{12}")
 _LAUNCHER_LOG = re.compile(r"launcher-(\d+)\.log")
@@ -142,14 +145,17 @@ def _default_root(root: Path, env: str) -> Path:
 
 def _configured_root(root: Path, env: str) -> Path:
     try:
+        root.parent.mkdir(parents=True, exist_ok=True)
         os.mkdir(root, 0o700)
         created = True
     except FileExistsError:
         created = False
-    except FileNotFoundError:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        return _configured_root(root, env)
-    st = os.stat(root)  # a link the user chose is followed; what it leads to is checked
+    except OSError as exc:
+        raise RunsDirError(f"cannot create {env}={root} ({exc.strerror})") from exc
+    try:
+        st = os.stat(root)  # a link the user chose is followed; what it leads to is checked
+    except OSError as exc:
+        raise RunsDirError(f"cannot use {env}={root} ({exc.strerror})") from exc
     if not stat.S_ISDIR(st.st_mode):
         raise RunsDirError(f"{env}={root} is not a directory")
     _check_owner(root, st, env)
@@ -346,7 +352,7 @@ def _owner_alive(record: bytes) -> bool:
     """Whether the process that wrote ``"<pid> <start time>"`` still runs."""
     try:
         pid, started = record.split()
-        return abs(psutil.Process(int(pid)).create_time() - float(started)) < 0.01
+        return abs(psutil.Process(int(pid)).create_time() - float(started)) < _CLOCK_SLACK_S
     except (ValueError, psutil.Error):  # unreadable record, or no such process
         return False
 
@@ -359,6 +365,6 @@ def _log_expired(log: Path, st: os.stat_result) -> bool:
     match = _LAUNCHER_LOG.fullmatch(log.name)
     assert match is not None
     try:
-        return psutil.Process(int(match[1])).create_time() > st.st_mtime
+        return psutil.Process(int(match[1])).create_time() > st.st_mtime + _CLOCK_SLACK_S
     except psutil.Error:
         return True  # no such process
