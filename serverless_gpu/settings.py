@@ -173,6 +173,12 @@ MLFLOW_LOG_UPLOAD_INTERVAL = Variable(
     _seconds(zero_allowed=True),
     "Seconds between two uploads of the rank logs to MLflow; 0: only at the end.",
 )
+MLFLOW_START_TIMEOUT = Variable(
+    "SERVERLESS_GPU_MLFLOW_START_TIMEOUT",
+    10.0,
+    _seconds(zero_allowed=True),
+    "Seconds a tracking server may take to open the call's run; past that it runs untracked.",
+)
 CACHE_DIR = Variable(
     "SERVERLESS_GPU_CACHE_DIR",
     "",
@@ -203,6 +209,7 @@ USER_SETTINGS: tuple[Variable[Any], ...] = (
     SYSTEM_METRICS_INTERVAL,
     MLFLOW_FLUSH_INTERVAL,
     MLFLOW_LOG_UPLOAD_INTERVAL,
+    MLFLOW_START_TIMEOUT,
     CACHE_DIR,
     DISPLAY,
     WIDGET_LINES,

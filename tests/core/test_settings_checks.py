@@ -4,6 +4,7 @@ decorator fields when the decorator is applied."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,20 @@ def test_good_environment_values_are_used(monkeypatch: pytest.MonkeyPatch) -> No
     assert rank.distributed(b"x" * 1000) == [0, 1, 2]
     with pytest.raises(PayloadTooLargeError, match=r"0\.5 MiB"):
         rank.distributed(b"x" * 2**20)
+
+
+def test_every_variable_the_package_reads_is_registered() -> None:
+    """A new SERVERLESS_GPU_* variable must be added to settings.py, where start() checks it."""
+    package = Path(settings.__file__).parent
+    roots = [package, package.parent / "jupyter_ext"]
+    named = {
+        name
+        for root in roots
+        for path in root.rglob("*.py")
+        for name in re.findall(r"SERVERLESS_GPU_[A-Z_]+[A-Z]", path.read_text())
+    }
+    known = {var.name for var in settings.USER_SETTINGS} | set(settings.INTERNAL)
+    assert named - known == set()
 
 
 def test_empty_values_mean_the_default() -> None:
