@@ -66,4 +66,28 @@ def rank_env(
     # Without this, every rank starts one OpenMP thread per core and they oversubscribe the CPU.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
     multicast_off(env)
+    if device == "cpu":
+        cpu_mode_defaults(env)
     return env
+
+
+def cpu_mode_defaults(env: dict[str, str]) -> None:
+    """What third-party trainers need to run distributed on CPU ranks, unless ``env`` has it.
+
+    Accelerate (and HF ``Trainer`` through it) trains each CPU rank alone unless told to use
+    the CPU; gloo listens on every interface unless given one, and our ranks only ever talk to
+    each other on this machine.
+    """
+    env.setdefault("ACCELERATE_USE_CPU", "1")
+    loopback = loopback_interface()
+    if loopback is not None:
+        env.setdefault("GLOO_SOCKET_IFNAME", loopback)
+
+
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except OSError:
+        return None
+    return next((name for name in ("lo", "lo0") if name in names), None)
