@@ -98,6 +98,10 @@ def _start(uri: str, port: int) -> _Server:
     command = [
         sys.executable, "-m", "serverless_gpu.tracking.ui_guard", "--",
         sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+        # Experiments the server creates (the default one, in a new store) keep their artifacts
+        # where this process's own MLflow client puts them: with the server's proxied
+        # "mlflow-artifacts:" default, runs logged from here could not store a single file.
+        "--default-artifact-root", client_artifact_root(),
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
     ]  # fmt: skip
     with open(log, "ab") as out:
@@ -116,6 +120,16 @@ def _start(uri: str, port: int) -> _Server:
         _terminate(server)
         raise
     return server
+
+
+def client_artifact_root() -> str:
+    """Where an MLflow client in this process puts the artifacts of a database store it creates."""
+    from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
+    from mlflow.utils.uri import resolve_uri_if_local
+
+    # The variable MLflow's own store factory reads before falling back to ./mlruns.
+    root = os.environ.get("_MLFLOW_SERVER_ARTIFACT_ROOT", DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH)
+    return str(resolve_uri_if_local(root))
 
 
 def _wait_until_up(server: _Server) -> None:

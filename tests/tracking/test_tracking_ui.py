@@ -6,15 +6,17 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import psutil
+import pytest
 import tracking_fns
 from mlflow import MlflowClient
 from tracking_checks import http_status
 
 from serverless_gpu import distributed
-from serverless_gpu.tracking import stop_ui, ui
+from serverless_gpu.tracking import TrackingWarning, stop_ui, ui
 
 
 def test_ui_serves_the_store_and_later_links_point_at_it(embedded: MlflowClient) -> None:
@@ -59,3 +61,29 @@ def test_ui_server_dies_with_the_process_that_started_it(store_dir: Path) -> Non
         if owner.poll() is None:
             owner.kill()
             owner.wait()
+
+
+def test_ui_first_in_a_fresh_folder_leaves_tracking_working(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The UI server creates the store and its default experiment; runs made afterwards from
+    this process still log into it."""
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME")
+    assert not (tmp_path / "mlflow.db").exists()
+    address = ui()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = distributed(gpus=2, gpu_type="cpu")(tracking_fns.log_points).distributed(5)
+        assert not [str(w.message) for w in caught if w.category is TrackingWarning]
+        client = MlflowClient()
+        run = client.get_run(result.metadata["mlflow_run_id"])
+        assert run.info.status == "FINISHED"
+        assert len(client.get_metric_history(run.info.run_id, "loss")) >= 5
+        logs = {a.path for a in client.list_artifacts(run.info.run_id, "logs")}
+        assert logs == {"logs/rank_0.txt", "logs/rank_1.txt"}
+        # The UI shows the same artifacts.
+        artifact = f"{address}/get-artifact?path=logs/rank_0.txt&run_uuid={run.info.run_id}"
+        assert http_status(artifact) == 200
+    finally:
+        stop_ui()
