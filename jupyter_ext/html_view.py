@@ -109,11 +109,11 @@ def rank_status_html(view: RunView) -> str:
     rows = []
     for rank in view.ranks:
         text = rank_status(rank).split(" \u00b7 ", 2)
-        shown = html.escape(text[2]) if len(text) > 2 else ""
+        shown = text[2] if len(text) > 2 else ""
         rows.append(
             f'<div class="sgpu-rank-status" data-rank="{rank.rank}" style="white-space:nowrap;'
             f'overflow:hidden;text-overflow:ellipsis">{_prefix(rank.rank)}'
-            f"{badge(rank.state, rank.state)}<code>{shown}</code></div>"
+            f"{badge(rank.state, rank.state)}{_code(shown)}</div>"
         )
     return f'<div style="font-size:12px;line-height:1.7">{"".join(rows)}</div>'
 
@@ -131,8 +131,7 @@ def record_html(view: RunView, tail: int = RECORD_TAIL) -> str:
     )
     rows = "".join(
         f"<tr>{cell}{rank}</td>{cell}{badge(state, state)}</td>{cell}{duration}</td>"
-        f"{cell}<code>{html.escape(outcome)}</code></td>"
-        f"{cell}<code>{html.escape(_last(view.ranks[int(rank)]))}</code></td></tr>"
+        f"{cell}{_code(outcome)}</td>{cell}{_code(_last(view.ranks[int(rank)]))}</td></tr>"
         for rank, state, duration, outcome in summary_rows(view)
     )
     links = f" &middot; {_links(view)}" if view.links else ""
@@ -146,6 +145,10 @@ def record_html(view: RunView, tail: int = RECORD_TAIL) -> str:
         + "".join(_rank_tail(view, rank, tail) for rank in view.ranks)
         + f'<div style="{_MUTED}">full logs: <code>{logs}</code></div></div>'
     )
+
+
+def _code(text: str) -> str:
+    return f"<code>{html.escape(text)}</code>" if text else ""
 
 
 def _last(rank: RankView) -> str:

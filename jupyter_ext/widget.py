@@ -80,7 +80,9 @@ class WidgetRenderer:
 
     def _build(self) -> None:
         view = self.view
-        self.header = widgets.HTML(html_view.header_html(view))
+        self.header = widgets.HTML(
+            html_view.header_html(view), layout=widgets.Layout(flex="1 1 auto")
+        )
         self.cancel_button = widgets.Button(
             description="Cancel",
             button_style="danger",

@@ -120,6 +120,11 @@ def test_the_merged_progress_line_names_the_straggler(tmp_path: Path) -> None:
         view.apply(OutputLines(RUN, rank, "stderr", (bar,), 3.0))
     assert view.progress_line() == "slowest rank 1 at 40% (12/30), fastest rank 0 at 66% (20/30)"
     assert rank_status(view.ranks[1]) == "rank 1 \u00b7 running \u00b7 40% (12/30)"
+    for rank, done in ((0, 1010), (1, 1003), (2, 1007)):  # a long bar: one percentage for all
+        view.apply(OutputLines(RUN, rank, "stderr", (f"1%| | {done}/100000 [00:01]\r",), 4.0))
+    assert view.progress_line() == (
+        "slowest rank 1 at 1% (1003/100000), fastest rank 0 at 1% (1010/100000)"
+    )
 
 
 def test_all_ranks_view_interleaves_lines_with_rank_prefixes(tmp_path: Path) -> None:
