@@ -21,6 +21,7 @@ import serverless_gpu
 from serverless_gpu import GPUConfigError, distributed, runtime
 from serverless_gpu.events import RankStarted
 from serverless_gpu.gpus import resolve_placement, visible_gpu_names
+from serverless_gpu.proctitle import is_launcher
 
 MIN_CONTEXT_MIB = 64
 """Less than this freed at shutdown means no standby CUDA context was measured."""
@@ -208,7 +209,7 @@ def check_standby_memory(gpus: int) -> None:
     """GPU memory the standby ranks hold: used memory with them ready, minus after shutdown."""
     import psutil
 
-    launchers = [p for p in psutil.Process().children() if "serverless_gpu.launcher" in p.cmdline()]
+    launchers = [p for p in psutil.Process().children() if is_launcher(p.cmdline())]
     # They are forked once the last call has ended; give them time to create their contexts.
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and min(gpu_process_counts()[:gpus] or [0]) < 1:

@@ -29,6 +29,7 @@ from _checks import check, rank_parser, ranks, summary
 
 import serverless_gpu
 from serverless_gpu import distributed
+from serverless_gpu.proctitle import is_launcher
 from serverless_gpu.rundirs import results_root
 
 GONE_LIMIT_S = 3.0
@@ -130,7 +131,7 @@ def check_hundred_calls(gpus: int, gpu_type: str | None) -> None:
 
 
 def check_no_listening_socket() -> None:
-    launchers = [p for p in psutil.Process().children() if "serverless_gpu.launcher" in p.cmdline()]
+    launchers = [p for p in psutil.Process().children() if is_launcher(p.cmdline())]
     listening = [
         c for p in launchers for c in p.net_connections("all") if c.status == psutil.CONN_LISTEN
     ]

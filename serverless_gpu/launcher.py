@@ -3,7 +3,11 @@
 It forks one process per rank per call (legal and cheap: no CUDA context, no threads here),
 supervises them (exit codes, timeouts, cancel, TERM -> KILL), tees their output to log files and
 the event stream, and dies with its caller: EOF on the caller's socket ends it, and so does the
-parent-death signal.
+caller's exit seen through a pidfd, and the parent-death signal.
+
+No peer can block it: every channel is non-blocking (``channel.py``). Only the end of the
+caller's socket (or the caller's exit) means the caller is gone; any other error while
+handling a message fails that message's run with its cause, and the launcher stays up.
 
 Run as ``python -m serverless_gpu.launcher FD`` where FD is its end of a socketpair.
 """
@@ -11,8 +15,10 @@ Run as ``python -m serverless_gpu.launcher FD`` where FD is its end of a socketp
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import os
+import resource
 import selectors
 import shutil
 import signal
@@ -20,13 +26,15 @@ import socket
 import sys
 import time
 from collections import deque
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from .channel import Channel, Undecodable
 from .env import free_port
+from .events import RunFinished, RunStatus
+from .launcher_log import log, log_exception
 from .lifetime import (
     become_subreaper,
     die_with_parent,
@@ -34,21 +42,39 @@ from .lifetime import (
     reap_adopted,
     terminate_groups,
 )
-from .protocol import CancelRun, Prewarm, Shutdown, StartRun
+from .proctitle import set_title
+from .protocol import (
+    CancelRun,
+    Exiting,
+    Prewarm,
+    RankGroups,
+    RunAccepted,
+    Shutdown,
+    StartRun,
+)
 from .rank_process import RankProcess, fork_rank
 from .supervision import RunSupervisor
 
 _TICK_S = 0.05
 MAX_WARM_SHAPES = 2
+_FLUSH_AT_EXIT_S = 2.0
+"""How long the last events may wait for a caller that does not read, at shutdown."""
+
+
+class StartFailed(Exception):
+    """A run could not be started; the message is what the caller reads."""
 
 
 class Launcher:
     """The select loop: caller messages, rank messages, rank output, rank exits, timers."""
 
-    def __init__(self, caller: Connection) -> None:
+    def __init__(self, caller: Channel, caller_pidfd: int | None = None) -> None:
         self.caller = caller
         self.selector = selectors.DefaultSelector()
-        self.selector.register(caller.fileno(), selectors.EVENT_READ, self._on_caller)
+        caller.attach(self.selector, self._on_caller)
+        if caller_pidfd is not None:
+            self.selector.register(caller_pidfd, selectors.EVENT_READ, self._on_caller_exit)
+        self.reported_groups: tuple[int, ...] = ()
         self.runs: dict[str, RunSupervisor] = {}
         self.standby: dict[tuple[str, int], list[RankProcess]] = {}
         self.retired: list[RankProcess] = []
@@ -69,40 +95,73 @@ class Launcher:
                 key.data(key.fileobj)
             now = time.monotonic()
             for run in list(self.runs.values()):
-                run.tick(now)
+                run._guarded(run.tick, now)
                 if run.finished:
                     self._close_run(run)
             self._reap_retired()
             reap_adopted(self._known_pids())
+            self._report_groups()
 
     def _timeout(self) -> float:
         wakes = [t for run in self.runs.values() if (t := run.next_wake()) is not None]
         return min(_TICK_S, max(0.0, min(wakes) - time.monotonic())) if wakes else _TICK_S
 
     def emit(self, event: Any) -> None:
-        try:
-            self.caller.send(event)
-        except OSError:
+        """Queue an event for the caller; never blocks (the caller may not be reading)."""
+        self.caller.send(event)
+        if self.caller.broken:
             self.running = False  # caller gone: shut down after this iteration
+
+    def _report_groups(self) -> None:
+        """Tell the caller which rank groups exist, so it can kill them if this process dies
+        without doing it (SIGKILL, OOM killer)."""
+        groups = tuple(sorted(self._known_pids()))
+        if groups != self.reported_groups:
+            self.reported_groups = groups
+            self.emit(RankGroups(groups))
 
     # -- caller ------------------------------------------------------------------------------
 
-    def _on_caller(self, _fd: Any) -> None:
+    def _on_caller(self) -> None:
         # Everything pending is handled before standby ranks are made: a call that arrived
         # together with its Prewarm (decorate, then call at once) must not wait for a standby
         # set to create CUDA contexts it would then sit behind.
-        while self.running:
-            try:
-                self._handle(self.caller.recv())
-                if not self.caller.poll():
-                    break
-            except (EOFError, OSError):
-                self.running = False  # the caller died or closed its end: stop everything
-                return
+        messages, eof = self.caller.receive()
+        for message in messages:
+            if not self.running:
+                break  # shutting down: a StartRun left unaccepted is retried by the caller
+            self._handle_safely(message)
+        if eof:
+            self.running = False  # the caller died or closed its end: stop everything
+            return
         self._refill_standby()
 
+    def _on_caller_exit(self, _fd: Any) -> None:
+        """The caller process exited, even if a child it forked still holds our socket."""
+        self.running = False
+
+    def _handle_safely(self, message: Any) -> None:
+        try:
+            self._handle(message)
+        except Exception as exc:
+            if isinstance(exc, StartFailed):
+                text = str(exc)
+            else:
+                text = f"the launcher could not handle {type(message).__name__}: {exc!r}"
+            log_exception(text)
+            if isinstance(message, StartRun):
+                run = self.runs.get(message.run_id)
+                if run is not None:
+                    run.fail(text)
+                else:
+                    self.emit(
+                        RunFinished(message.run_id, RunStatus.FAILED, None, text, (), time.time())
+                    )
+
     def _handle(self, message: Any) -> None:
-        if isinstance(message, StartRun):
+        if isinstance(message, Undecodable):
+            log(f"a message from the caller could not be loaded: {message.error!r}")
+        elif isinstance(message, StartRun):
             self._start(message)
         elif isinstance(message, CancelRun):
             run = self.runs.get(message.run_id)
@@ -115,20 +174,45 @@ class Launcher:
             self.running = False
 
     def _start(self, spec: StartRun) -> None:
+        self.emit(RunAccepted(spec.run_id))
         self._use_shape((spec.device, spec.world_size), add=spec.standby)
         if spec.results_dir is not None:
             self.results_dirs.append(spec.results_dir)
         taken = {r.master_port for r in self.runs.values()}
         ranks = self._take_standby(spec.device, spec.world_size, spec.env)
-        if ranks is None:
-            ranks = [fork_rank(None) for _ in range(spec.world_size)]
         # Standby ranks of other shapes would sit on the GPUs (or cores) this call uses; they
         # are made again once no call runs.
         for key in [key for key in self.standby if key[0] == spec.device]:
             self._retire(self.standby.pop(key))
-        run = RunSupervisor(spec, ranks, free_port(taken), self.emit, self.selector)
+        if ranks is None:
+            ranks = self._fork_ranks(spec.world_size, None, "rank")
+        self._report_groups()  # before any user code runs, so a rank's children are covered
+        try:
+            run = RunSupervisor(spec, ranks, free_port(taken), self.emit, self.selector)
+        except OSError as exc:
+            self._retire(ranks)
+            raise StartFailed(
+                f"could not prepare the run's logs in {spec.run_dir}: {exc.strerror or exc}"
+            ) from exc
+        except BaseException:
+            self._retire(ranks)
+            raise
         self.runs[spec.run_id] = run
         run.start()
+
+    def _fork_ranks(self, count: int, cuda: bool | None, title: str) -> list[RankProcess]:
+        """``count`` new ranks, or none: a failed fork kills the ones already made."""
+        ranks: list[RankProcess] = []
+        try:
+            for i in range(count):
+                ranks.append(fork_rank(i if cuda else None, f"{title}{i}" if cuda else title))
+        except OSError as exc:
+            self._retire(ranks)
+            self._reap_retired_within(1.0)  # their places are needed by the next call
+            raise StartFailed(
+                f"could not start {count} ranks: fork failed: {exc}{_limits(exc)}"
+            ) from exc
+        return ranks
 
     # -- standby ranks -------------------------------------------------------------------------
 
@@ -149,13 +233,23 @@ class Launcher:
         call they would hold a CUDA context (and CPU time) on the GPUs the call is using."""
         if not self.running or self.runs:
             return
+        try:
+            self._make_standby()
+        except Exception:  # standby ranks are an optimisation: calls fork their own
+            log_exception("no standby ranks")
+        self._report_groups()
+
+    def _make_standby(self) -> None:
         _preload(self.preload)
         for device, world_size in self.warm_shapes:
             if not self.standby.get((device, world_size)):
                 cuda = device == "cuda"
-                self.standby[(device, world_size)] = [
-                    fork_rank(i if cuda else None) for i in range(world_size)
-                ]
+                try:
+                    self.standby[(device, world_size)] = self._fork_ranks(
+                        world_size, cuda, "standby gpu" if cuda else "standby cpu"
+                    )
+                except StartFailed as exc:  # calls fork their own ranks; say why there are none
+                    log(f"no standby ranks: {exc}")
 
     def _take_standby(
         self, device: str, world_size: int, env: dict[str, str]
@@ -185,6 +279,13 @@ class Launcher:
             if r.poll() is not None:
                 r.close()
         self.retired = [r for r in self.retired if r.exit_status is None]
+
+    def _reap_retired_within(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        self._reap_retired()
+        while self.retired and time.monotonic() < deadline:
+            time.sleep(0.01)
+            self._reap_retired()
 
     def _close_run(self, run: RunSupervisor) -> None:
         run.close()
@@ -230,6 +331,7 @@ class Launcher:
 
     def shutdown(self) -> None:
         self.running = False  # also stops runs that end now from preparing new standby ranks
+        self.emit(Exiting())  # new calls go to a fresh launcher from now on
         for run in self.runs.values():
             run.cancel("the launcher is shutting down")
         pids = self.all_pids()
@@ -250,6 +352,28 @@ class Launcher:
         self._kill_adopted()
         for folder in self.results_dirs:
             shutil.rmtree(folder, ignore_errors=True)
+        self._report_groups()
+        self._flush_to_caller(_FLUSH_AT_EXIT_S)
+        self.caller.close()  # the caller sees the end now, not after the interpreter's exit
+
+    def _flush_to_caller(self, seconds: float) -> None:
+        """Hand the last events (the runs' ends) to a caller that reads; bounded."""
+        deadline = time.monotonic() + seconds
+        self.caller.detach()
+        while not self.caller.flush() and time.monotonic() < deadline:
+            with selectors.DefaultSelector() as waiter:
+                waiter.register(self.caller.fileno(), selectors.EVENT_WRITE)
+                waiter.select(max(0.0, deadline - time.monotonic()))
+
+
+def _limits(exc: OSError) -> str:
+    """The limit a failed fork probably hit, in the user's words."""
+    if exc.errno != errno.EAGAIN:
+        return ""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft == resource.RLIM_INFINITY:
+        return " (a process limit: a cgroup's pids.max or kernel.pid_max)"
+    return f" (ulimit -u is {soft})"
 
 
 def _preload(modules: set[str]) -> None:
@@ -262,12 +386,28 @@ def _preload(modules: set[str]) -> None:
                 pass
 
 
+def _watch_parent() -> int | None:
+    """A pidfd of the caller (our parent), readable once it has exited: unlike the parent-death
+    signal it does not depend on which of the caller's threads started us, and unlike EOF it
+    does not wait for a child the caller forked (holding a copy of our socket) to exit."""
+    parent = os.getppid()
+    try:
+        pidfd = os.pidfd_open(parent)
+    except (OSError, AttributeError):  # an old kernel: EOF and the death signal remain
+        return None
+    if os.getppid() != parent:  # the caller died before the pidfd was opened
+        os._exit(1)
+    return pidfd
+
+
 def main(argv: list[str]) -> int:
     fd = int(argv[1])
+    set_title("launcher")
     if "--pdeathsig" in argv:
         # TERM, not KILL: the orderly shutdown below also deletes the runs' tmpfs results. The
         # ranks die with this process whatever happens (their own parent-death signal is KILL).
         die_with_parent(signal.SIGTERM)
+    caller_pidfd = _watch_parent()
     become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides what an interrupt means
     started: list[Launcher] = []
@@ -281,14 +421,14 @@ def main(argv: list[str]) -> int:
         started[0].running = False
 
     signal.signal(signal.SIGTERM, on_term)
-    caller = Connection(socket.socket(fileno=fd).detach())
+    caller = Channel(socket.socket(fileno=fd))
     # Preload what every rank needs, so that a forked rank starts with it already imported.
     import cloudpickle  # noqa: F401
     import torch  # noqa: F401
 
     from . import runtime, worker  # noqa: F401
 
-    launcher = Launcher(caller)
+    launcher = Launcher(caller, caller_pidfd)
     started.append(launcher)
     try:
         launcher.serve()
@@ -298,4 +438,10 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    exit_code = main(sys.argv)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    # Everything is cleaned up: skip the interpreter's teardown (torch, mlflow), which takes
+    # seconds during which the launcher would still look alive.
+    os._exit(exit_code)

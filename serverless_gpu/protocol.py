@@ -2,7 +2,8 @@
 
 Every channel is a ``socket.socketpair`` (a unix socket with exactly two ends, created by the
 parent and inherited by the child), so no other process can connect to it. Messages are framed
-and pickled by ``multiprocessing.connection.Connection``.
+and pickled as ``multiprocessing.connection.Connection`` does; the launcher's ends never block
+(``channel.py``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,31 @@ class Shutdown:
     pass
 
 
+# --- launcher -> caller (besides the events of ``events.py``) ----------------------------
+
+
+@dataclass(frozen=True)
+class RunAccepted:
+    """The launcher has taken this StartRun: from now on it reports the run's end. A run that
+    was sent but never accepted (the launcher was exiting) is sent again to a fresh launcher."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
+class RankGroups:
+    """The process groups of every rank not reaped yet. Ranks die with the launcher (their
+    parent-death signal), what they started does not: if the launcher dies without cleaning
+    up, the caller kills these groups."""
+
+    pgids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Exiting:
+    """The launcher has begun its shutdown: it starts no more runs; calls need a fresh one."""
+
+
 # --- launcher -> rank --------------------------------------------------------------------
 
 
@@ -69,6 +95,8 @@ class RankSpec:
     """Everything a forked rank needs to run one call."""
 
     run_id: str
+    name: str
+    """The run's name (the function's qualified name), for the process title."""
     rank: int
     world_size: int
     env: dict[str, str]

@@ -1,4 +1,4 @@
-"""One forked rank as the launcher sees it: pid, pidfd, control connection and output pipes."""
+"""One forked rank as the launcher sees it: pid, pidfd, control channel and output pipes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import signal
 import socket
 from multiprocessing.connection import Connection
 
+from .channel import Channel
 from .output import LineSplitter, OutputPacer
+from .proctitle import set_title
 
 _F_SETPIPE_SZ = 1031
 _F_GETPIPE_SZ = 1032
@@ -19,9 +21,9 @@ _BLOCKED = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 class RankProcess:
     """The launcher's handle on one rank process."""
 
-    def __init__(self, pid: int, conn: Connection, stdout_r: int, stderr_r: int) -> None:
+    def __init__(self, pid: int, channel: Channel, stdout_r: int, stderr_r: int) -> None:
         self.pid = pid
-        self.conn = conn
+        self.channel = channel
         self.pidfd = os.pidfd_open(pid)
         self.pipes = {"stdout": stdout_r, "stderr": stderr_r}
         self.splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
@@ -76,9 +78,7 @@ class RankProcess:
             os.close(fd)
 
     def open_fds(self) -> list[int]:
-        fds = [self.pidfd, *self.pipes.values()]
-        if not self.conn.closed:
-            fds.append(self.conn.fileno())
+        fds = [self.pidfd, *self.pipes.values(), self.channel.fileno()]
         return [fd for fd in fds if fd >= 0]
 
     def close(self) -> None:
@@ -87,11 +87,12 @@ class RankProcess:
                 os.close(fd)
         self.pipes = {}
         self.pidfd = -1
-        self.conn.close()
+        self.channel.close()
 
 
-def _pipe() -> tuple[int, int]:
+def _pipe(opened: list[int]) -> tuple[int, int]:
     r, w = os.pipe()
+    opened += (r, w)
     try:
         fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_BYTES)
     except OSError:
@@ -100,20 +101,24 @@ def _pipe() -> tuple[int, int]:
     return r, w
 
 
-def fork_rank(warm_cuda: int | None) -> RankProcess:
-    """Fork a rank that waits for its spec; with ``warm_cuda`` it first creates a CUDA context."""
-    parent_sock, child_sock = socket.socketpair()
-    out_r, out_w = _pipe()
-    err_r, err_w = _pipe()
-    # Until the child has reset the launcher's signal handlers, a TERM must not run launcher
-    # code in it: block the signals across fork; rank_main unblocks them.
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
-    pid = os.fork()
-    if pid == 0:  # the child never returns from rank_main
-        from .worker import rank_main
+def fork_rank(warm_cuda: int | None, title: str) -> RankProcess:
+    """Fork a rank that waits for its spec; with ``warm_cuda`` it first creates a CUDA context.
 
-        rank_main(Connection(child_sock.detach()), out_w, err_w, warm_cuda)
-    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    ``title`` names the process until its spec arrives (``standby cpu``). Raises ``OSError``
+    when the fork fails (process limit), with nothing left open.
+    """
+    parent_sock, child_sock = socket.socketpair()
+    fds: list[int] = []
+    try:
+        out_r, out_w = _pipe(fds)
+        err_r, err_w = _pipe(fds)
+        pid = _fork(child_sock, out_w, err_w, warm_cuda, title)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        parent_sock.close()
+        child_sock.close()
+        raise
     try:
         os.setpgid(pid, pid)
     except OSError:
@@ -121,4 +126,22 @@ def fork_rank(warm_cuda: int | None) -> RankProcess:
     child_sock.close()
     os.close(out_w)
     os.close(err_w)
-    return RankProcess(pid, Connection(parent_sock.detach()), out_r, err_r)
+    return RankProcess(pid, Channel(parent_sock), out_r, err_r)
+
+
+def _fork(
+    child_sock: socket.socket, out_w: int, err_w: int, warm_cuda: int | None, title: str
+) -> int:
+    # Until the child has reset the launcher's signal handlers, a TERM must not run launcher
+    # code in it: block the signals across fork; rank_main unblocks them.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child never returns from rank_main
+            from .worker import rank_main
+
+            set_title(title)
+            rank_main(Connection(child_sock.detach()), out_w, err_w, warm_cuda)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    return pid

@@ -6,12 +6,16 @@ rank at once (TERM, then KILL after the grace period), also ranks blocked in a c
 
 from __future__ import annotations
 
+import functools
 import selectors
+import shutil
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
+from .channel import Undecodable
 from .env import rank_env
 from .events import (
     OutputLines,
@@ -22,12 +26,28 @@ from .events import (
     RunFinished,
     RunStatus,
 )
+from .launcher_log import log, log_exception
 from .lifetime import kill_group, signal_name
 from .protocol import RankDone, RankSpec, Release, StartRun, ToCaller, UserCodeStarted
 from .rank_process import RankProcess
-from .rundirs import result_paths
+from .rundirs import RUNS_DIR_ENV, result_paths
 
 _RELEASE_GRACE_S = 5.0
+MAX_GRACE_S = 60.0
+"""The longest wait between SIGTERM and SIGKILL, whatever grace a call asks for."""
+_DRAIN_ROUNDS = 64
+"""Reads of an exited rank's channel (16 MiB each) before its last messages are given up."""
+
+
+def bounded_grace(grace: float, timeout: float | None) -> float:
+    """The wait between SIGTERM and SIGKILL: ``grace``, at most the timeout and MAX_GRACE_S, so
+    every stop ends in SIGKILL in bounded time."""
+    if not (isinstance(grace, (int, float)) and grace >= 0):
+        return 0.0  # NaN or negative: kill at once rather than guess
+    limit = MAX_GRACE_S
+    if timeout is not None and timeout > 0:
+        limit = min(limit, timeout)
+    return float(min(grace, limit))
 
 
 class RunSupervisor:
@@ -57,32 +77,51 @@ class RunSupervisor:
         self.unfinished: tuple[int, ...] = ()
         self.stopping = False
         self.kill_deadline: float | None = None
+        self.grace = bounded_grace(spec.grace, spec.timeout)
         self.deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
         self.finished = False
+        self.run_failure: tuple[float, str] | None = None
+        """A failure of the run itself (not of a rank): its time and message."""
         logs = spec.run_dir / "logs"
         logs.mkdir(mode=0o700, exist_ok=True)
-        self.logs: list[IO[bytes]] = [
-            open(logs / f"rank_{r}.txt", "ab", buffering=0)  # noqa: SIM115 - closed in close()
-            for r in range(len(ranks))
-        ]
+        self.logs: list[IO[bytes]] = []
+        try:
+            for r in range(len(ranks)):
+                self.logs.append(open(logs / f"rank_{r}.txt", "ab", buffering=0))  # noqa: SIM115
+        except BaseException:
+            self._close_logs()
+            raise
 
     def start(self) -> None:
         for rank, proc in enumerate(self.ranks):
-            self.selector.register(
-                proc.conn.fileno(), selectors.EVENT_READ, self._cb(self._on_message, rank)
+            proc.channel.attach(
+                self.selector, functools.partial(self._guarded, self._on_message, rank)
             )
             self.selector.register(proc.pidfd, selectors.EVENT_READ, self._cb(self._on_exit, rank))
             for stream, fd in proc.pipes.items():
                 self.selector.register(
                     fd, selectors.EVENT_READ, self._cb(self._on_output, rank, stream)
                 )
-            try:
-                proc.conn.send(self._rank_spec(rank))
-            except OSError:
-                pass  # the rank already died; its exit is reported through its pidfd
+            # Buffered: a rank that does not read must not stall the launcher. One that died
+            # already is reported through its pidfd.
+            proc.channel.send(self._rank_spec(rank))
 
     def _cb(self, method: Callable[..., None], *args: Any) -> Callable[[Any], None]:
-        return lambda _fd: method(*args)
+        return lambda _fd: self._guarded(method, *args)
+
+    def _guarded(self, method: Callable[..., object], *args: Any) -> None:
+        """Any error while supervising fails this run with its cause, never the launcher."""
+        try:
+            method(*args)
+        except Exception as exc:
+            log_exception(f"run {self.spec.run_id}")
+            self.fail(f"the launcher failed while supervising the run: {type(exc).__name__}: {exc}")
+
+    def fail(self, message: str) -> None:
+        """Fail the run itself (not one rank): stop every rank, report ``message``."""
+        if self.run_failure is None and not (self.stopping or self.finished):
+            self.run_failure = (time.time(), message)
+        self._stop(RunStatus.FAILED, message)
 
     def _rank_spec(self, rank: int) -> RankSpec:
         s = self.spec
@@ -97,6 +136,7 @@ class RunSupervisor:
         )
         return RankSpec(
             run_id=s.run_id,
+            name=s.name,
             rank=rank,
             world_size=s.world_size,
             env=env,
@@ -109,16 +149,22 @@ class RunSupervisor:
 
     # -- events from the ranks -------------------------------------------------------------------
 
-    def _on_message(self, rank: int) -> None:
+    def _on_message(self, rank: int) -> bool:
+        """Handle what the rank's channel holds; True while there may be more to read."""
         proc = self.ranks[rank]
-        try:
-            message = proc.conn.recv()
-        except (EOFError, OSError):
-            if rank not in self.hung_up:
-                self.hung_up.add(rank)
-                self.selector.unregister(proc.conn.fileno())
-            return
-        if isinstance(message, UserCodeStarted):
+        messages, eof = proc.channel.receive()
+        for message in messages:
+            self._dispatch(rank, message)
+        if eof and rank not in self.hung_up:
+            self.hung_up.add(rank)
+            proc.channel.detach()
+        return bool(messages) and not eof
+
+    def _dispatch(self, rank: int, message: Any) -> None:
+        proc = self.ranks[rank]
+        if isinstance(message, Undecodable):
+            log(f"rank {rank} sent a message the launcher cannot load: {message.error!r}")
+        elif isinstance(message, UserCodeStarted):
             self.emit(RankStarted(self.spec.run_id, rank, proc.pid, message.time))
         elif isinstance(message, RankDone) and message.ok:
             self.summaries[rank] = message.summary
@@ -135,10 +181,7 @@ class RunSupervisor:
 
     def _release_all(self) -> None:
         for proc in self.ranks:
-            try:
-                proc.conn.send(Release())
-            except OSError:
-                pass
+            proc.channel.send(Release())
         self.kill_deadline = time.monotonic() + _RELEASE_GRACE_S
 
     def _on_output(self, rank: int, stream: str) -> None:
@@ -146,7 +189,7 @@ class RunSupervisor:
         data, eof = proc.read(stream)
         now = time.monotonic()
         if data:
-            self.logs[rank].write(data)
+            self._log(rank, data)
             pieces = proc.splitters[stream].feed(data, now)
             if pieces:
                 self.emit(OutputLines(self.spec.run_id, rank, stream, tuple(pieces), time.time()))
@@ -168,6 +211,24 @@ class RunSupervisor:
                 proc.pipes[stream], selectors.EVENT_READ, self._cb(self._on_output, rank, stream)
             )
 
+    def _log(self, rank: int, data: bytes) -> None:
+        """Tee output into the rank's log; a full disk stops the logs, never the stream."""
+        log = self.logs[rank]
+        if log.closed:
+            return
+        try:
+            log.write(data)
+        except OSError as exc:
+            self._close_logs()
+            self.fail(_log_failure(self.spec.run_dir, rank, exc))
+
+    def _close_logs(self) -> None:
+        for f in self.logs:
+            try:
+                f.close()
+            except OSError:
+                pass  # data the full disk refused; the run reports it
+
     def next_wake(self) -> float | None:
         """When a paused output stream is due to be read (see OutputPacer)."""
         return min((t for p in self.ranks if (t := p.pacer.next_due()) is not None), default=None)
@@ -179,8 +240,9 @@ class RunSupervisor:
             return
         self.exited.add(rank)
         self.selector.unregister(proc.pidfd)
-        while rank not in self.returned | self.raised | self.hung_up and _poll(proc):
-            self._on_message(rank)  # a RankDone sent just before exiting
+        for _ in range(_DRAIN_ROUNDS):  # a RankDone sent just before exiting
+            if rank in self.hung_up or not self._on_message(rank):
+                break
         for stream in list(proc.pipes):
             self._on_output(rank, stream)
         state = self._classify_exit(rank, status)
@@ -233,7 +295,7 @@ class RunSupervisor:
         for rank, proc in enumerate(self.ranks):
             if rank not in self.exited | self.raised:  # a rank that raised is exiting already
                 kill_group(proc.pid, signal.SIGTERM)
-        self.kill_deadline = time.monotonic() + self.spec.grace
+        self.kill_deadline = time.monotonic() + self.grace
 
     def tick(self, now: float) -> None:
         for rank, proc in enumerate(self.ranks):
@@ -258,8 +320,12 @@ class RunSupervisor:
 
     def _finish(self) -> None:
         root: int | None = None
-        if self.failures and self.status is RunStatus.FAILED:
-            _when, root, what = min(self.failures)
+        first = min(self.failures) if self.failures else None
+        if self.run_failure is not None and (first is None or self.run_failure[0] <= first[0]):
+            self.status = RunStatus.FAILED
+            self.message = self.run_failure[1]
+        elif first is not None and self.status is RunStatus.FAILED:
+            _when, root, what = first
             self.message = f"rank {root} {what}"
         elif not self.stopping:
             self.status = RunStatus.SUCCEEDED
@@ -286,12 +352,19 @@ class RunSupervisor:
                 except (KeyError, ValueError, OSError):
                     pass
             proc.close()
-        for f in self.logs:
-            f.close()
+        self._close_logs()
 
 
-def _poll(proc: RankProcess) -> bool:
+def _log_failure(run_dir: Path, rank: int, exc: OSError) -> str:
+    """What the user reads when a rank's log cannot be written (a full disk, most often)."""
+    folder = run_dir.parent
+    text = f"could not write rank {rank}'s log in {folder}: {exc.strerror or exc}"
     try:
-        return proc.conn.poll(0)
-    except (EOFError, OSError):
-        return False
+        usage = shutil.disk_usage(folder)
+        text += f" ({usage.free >> 20} MiB free of {usage.total >> 20} MiB)"
+    except OSError:
+        pass
+    return (
+        f"{text}. The ranks were stopped; their output until then was shown. Free space there "
+        f"or set {RUNS_DIR_ENV} to a folder with more room."
+    )

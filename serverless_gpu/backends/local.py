@@ -8,12 +8,15 @@ died, and stopped at exit. It dies with the caller even on SIGKILL: it reads EOF
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -21,16 +24,21 @@ from typing import Any
 import serverless_gpu
 
 from ..env import METRICS_INTERVAL_ENV
-from ..errors import LauncherError
+from ..errors import DistributedError, LauncherError
 from ..events import RunFinished, RunStatus
 from ..gpus import Placement
 from ..handle import RunHandle
-from ..protocol import CancelRun, Prewarm, Shutdown, StartRun
-from ..rundirs import runs_root
+from ..lifetime import kill_group, signal_name
+from ..protocol import CancelRun, Exiting, Prewarm, RankGroups, RunAccepted, Shutdown, StartRun
+from ..rundirs import RUNS_DIR_ENV, runs_root
 from ..system_metrics import DEFAULT_INTERVAL_S, SystemSampler
 from .base import RunRequest
 
 _SHUTDOWN_WAIT_S = 3.0
+
+
+class _Gone(Exception):
+    """This launcher takes no more runs (it is exiting or has exited)."""
 
 
 class _LauncherProcess:
@@ -45,7 +53,8 @@ class _LauncherProcess:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
         args = [sys.executable, "-m", "serverless_gpu.launcher", str(theirs.fileno())]
         # The parent-death signal fires when the *thread* that forked exits, so only the main
-        # thread may ask for it; EOF on the socket covers every case anyway.
+        # thread may ask for it; the launcher also watches this process through a pidfd, and
+        # EOF on the socket covers the rest.
         if threading.current_thread() is threading.main_thread():
             args.append("--pdeathsig")
         try:
@@ -63,27 +72,97 @@ class _LauncherProcess:
             log.close()
         self.conn = Connection(ours.detach())
         self.send_lock = threading.Lock()
+        self.state_lock = threading.Lock()
+        self.exiting = False
+        """The launcher has begun its shutdown (or is gone): it takes no more runs."""
+        self.ended = False
+        self.unaccepted: dict[str, StartRun] = {}
+        """Runs sent but not accepted yet: sent again to a fresh launcher if this one exits."""
+        self.runs: set[str] = set()
+        """Runs this launcher accepted; it reports their end, or its exit fails them."""
+        self.rank_groups: tuple[int, ...] = ()
+        self.stopped = False
+        """Stopped by the caller (shutdown, exit): its unaccepted runs are not sent on."""
         self._on_message = on_message
         self._on_exit = on_exit
         self.reader = threading.Thread(target=self._read, name="serverless-gpu-events", daemon=True)
         self.reader.start()
 
     def alive(self) -> bool:
-        return self.proc.poll() is None and not self.conn.closed
+        return not self.exiting and self.proc.poll() is None and not self.conn.closed
 
     def send(self, message: Any) -> None:
         with self.send_lock:
             self.conn.send(message)
 
+    def start_run(self, start: StartRun) -> None:
+        """Hand a run to this launcher; raises _Gone if it takes no more runs."""
+        with self.state_lock:
+            if self.exiting:
+                raise _Gone("the launcher is exiting")
+            self.unaccepted[start.run_id] = start
+        try:
+            self.send(start)
+        except OSError as exc:
+            with self.state_lock:
+                self.exiting = True
+                ours = self.unaccepted.pop(start.run_id, None) is not None
+            if ours:  # else the reader saw the exit first and sends it on itself
+                raise _Gone(str(exc)) from exc
+
     def _read(self) -> None:
         try:
             while True:
-                self._on_message(self.conn.recv())
+                self._take(self.conn.recv())
         except (EOFError, OSError):
             pass
-        self._on_exit(self)
+        with self.state_lock:
+            self.exiting = self.ended = True
+            unaccepted = list(self.unaccepted.values())
+            self.unaccepted.clear()
+        self._on_exit(self, unaccepted)
+        self._kill_rank_groups()
+
+    def _take(self, message: Any) -> None:
+        if isinstance(message, RunAccepted):
+            with self.state_lock:
+                self.unaccepted.pop(message.run_id, None)
+                self.runs.add(message.run_id)
+        elif isinstance(message, RankGroups):
+            self.rank_groups = message.pgids
+        elif isinstance(message, Exiting):
+            self.exiting = True
+        else:
+            self._on_message(message)
+
+    def _kill_rank_groups(self) -> None:
+        """A launcher that died without cleaning up (SIGKILL) left its ranks to their
+        parent-death signal, and what they started to no one: kill their process groups. Once
+        the launcher is reaped, every rank has its SIGKILL, so none can start another child."""
+        if not self.rank_groups:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(_SHUTDOWN_WAIT_S)
+        for pgid in self.rank_groups:
+            kill_group(pgid, signal.SIGKILL)
+
+    def exit_description(self) -> str:
+        """``exited with code 1`` / ``was killed by SIGKILL``, waiting briefly for the exit."""
+        try:
+            code = self.proc.wait(_SHUTDOWN_WAIT_S)
+        except subprocess.TimeoutExpired:
+            return "closed its connection"
+        name = signal_name(code)
+        return f"was killed by {name}" if name else f"exited with code {code}"
+
+    def forget(self) -> None:
+        """In a forked child of the caller: drop our copy of the socket, so that the launcher
+        still sees EOF when the caller dies; the child is not its caller."""
+        with contextlib.suppress(OSError):
+            self.conn.close()
 
     def stop(self) -> None:
+        self.stopped = True
         try:
             self.send(Shutdown())
         except OSError:
@@ -105,7 +184,25 @@ class LocalBackend:
         self._launcher: _LauncherProcess | None = None
         self._handles: dict[str, RunHandle[Any]] = {}
         self._samplers: dict[str, SystemSampler] = {}
-        atexit.register(self.shutdown)
+        self._resent: set[str] = set()
+        self._pid = os.getpid()
+        _backends.add(self)
+        atexit.register(self._shutdown_at_exit)
+
+    def _shutdown_at_exit(self) -> None:
+        # A forked child inherits this handler: its exit must not stop its parent's launcher.
+        if os.getpid() == self._pid:
+            self.shutdown()
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: the launcher, its runs and this object's locks are the parent's."""
+        self._lock = threading.Lock()
+        launcher, self._launcher = self._launcher, None
+        if launcher is not None:
+            launcher.forget()
+        self._handles = {}
+        self._samplers = {}
+        self._resent = set()
 
     def _ensure_launcher(self) -> _LauncherProcess:
         with self._lock:
@@ -120,6 +217,7 @@ class LocalBackend:
         handle.push(event)
         if isinstance(event, RunFinished):
             self._handles.pop(event.run_id, None)
+            self._resent.discard(event.run_id)
             self._stop_sampler(event.run_id)
 
     def _start_sampler(self, handle: RunHandle[Any]) -> None:
@@ -145,59 +243,78 @@ class LocalBackend:
         if sampler is not None:
             sampler.stop()
 
-    def _launcher_exited(self, launcher: _LauncherProcess) -> None:
-        """The launcher died under running calls: end them with a clear error."""
-        for run_id, handle in list(self._handles.items()):
-            handle.push(
-                RunFinished(
-                    run_id,
-                    RunStatus.FAILED,
-                    None,
-                    f"the launcher process exited (code {launcher.proc.poll()}); "
-                    f"its log: {launcher.log_path}",
-                    (),
-                    time.time(),
-                )
-            )
-            self._handles.pop(run_id, None)
+    def _launcher_exited(self, launcher: _LauncherProcess, unaccepted: list[StartRun]) -> None:
+        """The launcher ended: runs it never accepted go to a fresh one (once); runs it was
+        running end with a clear error."""
+        failed = [r for r in launcher.runs if r in self._handles]
+        for start in unaccepted:
+            if start.run_id not in self._handles:
+                continue
+            if start.run_id not in self._resent and not launcher.stopped:
+                self._resent.add(start.run_id)
+                try:
+                    self._send_start(start)
+                    continue
+                except LauncherError:
+                    pass
+            failed.append(start.run_id)
+        if not failed:
+            return
+        message = (
+            f"the launcher process {launcher.exit_description()}; its log: {launcher.log_path}"
+        )
+        for run_id in failed:
+            handle = self._handles.pop(run_id, None)
+            if handle is not None:
+                handle.push(RunFinished(run_id, RunStatus.FAILED, None, message, (), time.time()))
+            self._resent.discard(run_id)
             self._stop_sampler(run_id)
+
+    def _send_start(self, start: StartRun) -> None:
+        """Hand the run to a live launcher, starting a fresh one if the current one is exiting
+        (a call made while it shuts down must not see it)."""
+        reason = ""
+        for _ in range(2):
+            launcher = self._ensure_launcher()
+            try:
+                launcher.start_run(start)
+                return
+            except _Gone as exc:
+                reason = str(exc)
+        raise LauncherError(f"could not reach the launcher process: {reason}")
 
     def submit(self, request: RunRequest) -> RunHandle[Any]:
         ctx = request.context
-        payload_path = ctx.run_dir / "payload.pkl"
-        fd = os.open(payload_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(request.payload)
-        launcher = self._ensure_launcher()
+        payload_path = _write_payload(ctx.run_dir, request.payload)
         handle: RunHandle[Any] = RunHandle(ctx, lambda reason: self._cancel(ctx.run_id, reason))
         self._handles[ctx.run_id] = handle
         # Registered before the launcher hears of the run, so that its RunFinished stops it.
         self._start_sampler(handle)
         placement = ctx.placement
+        start = StartRun(
+            run_id=ctx.run_id,
+            name=ctx.name,
+            run_dir=ctx.run_dir,
+            results_dir=ctx.results_dir,
+            payload_path=payload_path,
+            world_size=placement.world_size,
+            device=placement.device,
+            gpu_type=placement.gpu_type.value,
+            gpu_names=placement.gpu_names,
+            env=request.env,
+            cwd=request.cwd,
+            sys_path=request.sys_path,
+            timeout=ctx.timeout,
+            grace=request.grace,
+            standby=bool(ctx.options.get("standby", True)),
+        )
         try:
-            launcher.send(
-                StartRun(
-                    run_id=ctx.run_id,
-                    name=ctx.name,
-                    run_dir=ctx.run_dir,
-                    results_dir=ctx.results_dir,
-                    payload_path=payload_path,
-                    world_size=placement.world_size,
-                    device=placement.device,
-                    gpu_type=placement.gpu_type.value,
-                    gpu_names=placement.gpu_names,
-                    env=request.env,
-                    cwd=request.cwd,
-                    sys_path=request.sys_path,
-                    timeout=ctx.timeout,
-                    grace=request.grace,
-                    standby=bool(ctx.options.get("standby", True)),
-                )
-            )
-        except OSError as exc:
+            self._send_start(start)
+        except BaseException:
             self._handles.pop(ctx.run_id, None)
             self._stop_sampler(ctx.run_id)
-            raise LauncherError(f"could not reach the launcher process: {exc}") from exc
+            payload_path.unlink(missing_ok=True)
+            raise
         return handle
 
     def _cancel(self, run_id: str, reason: str) -> None:
@@ -224,8 +341,37 @@ class LocalBackend:
             launcher.stop()
 
 
+def _write_payload(run_dir: Path, payload: bytes) -> Path:
+    """The call's pickled function and arguments, for every rank to read; all or nothing."""
+    path = run_dir / "payload.pkl"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+    except OSError as exc:
+        path.unlink(missing_ok=True)  # a partial payload would keep the disk full
+        raise DistributedError(
+            f"could not write the call's payload ({len(payload):,} bytes) to {run_dir}: "
+            f"{exc.strerror or exc}. Free space in {run_dir.parent} or set {RUNS_DIR_ENV} to a "
+            "folder with more room.",
+            run_dir=run_dir,
+        ) from exc
+    return path
+
+
+_backends: weakref.WeakSet[LocalBackend] = weakref.WeakSet()
 _default: LocalBackend | None = None
 _default_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _default_lock
+    _default_lock = threading.Lock()  # another thread may have held it at the fork
+    for backend in list(_backends):
+        backend._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def default_backend() -> LocalBackend:

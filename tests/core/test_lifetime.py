@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,13 +16,14 @@ import psutil
 import pytest
 
 from serverless_gpu import distributed
+from serverless_gpu.proctitle import is_launcher
 from serverless_gpu.rundirs import KEEP_RUNS_ENV, RESULTS_DIR_ENV, RUNS_DIR_ENV
 
 WaitGone = Callable[..., set[int]]
 _CALLER = Path(__file__).parents[2] / "scripts" / "lifetime_caller.py"
 
 
-def _start_caller(*args: str) -> tuple[subprocess.Popen[str], set[int]]:
+def _start_caller(*args: str) -> tuple[subprocess.Popen[str], set[int], list[str]]:
     proc = subprocess.Popen(
         [sys.executable, str(_CALLER), "2", "cpu", *args],
         stdout=subprocess.PIPE,
@@ -38,20 +40,36 @@ def _start_caller(*args: str) -> tuple[subprocess.Popen[str], set[int]]:
     tree = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
     # launcher + 2 ranks + 2 grandchildren (standby ranks may add more)
     assert len(tree) >= 5
-    return proc, tree
+    return proc, tree, lines
 
 
 @pytest.mark.timeout(120)
 def test_sigkill_of_the_caller_leaves_nothing(gone: WaitGone) -> None:
-    proc, tree = _start_caller()
+    proc, tree, _ = _start_caller()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not gone(tree, timeout=3.0)
 
 
 @pytest.mark.timeout(120)
+def test_sigkill_of_a_caller_that_forked_leaves_nothing(gone: WaitGone) -> None:
+    # The launcher was started from a thread (no parent-death signal) and a forked child holds
+    # copies of the caller's descriptors, its socket to the launcher among them.
+    proc, tree, lines = _start_caller("fork-child")
+    (child,) = [int(line.split()[1]) for line in lines if line.startswith("CHILD ")]
+    try:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert not gone(tree - {child}, timeout=5.0)
+    finally:
+        for pid in tree:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+
+
+@pytest.mark.timeout(120)
 def test_keyboard_interrupt_kills_ranks_and_reraises(gone: WaitGone) -> None:
-    proc, tree = _start_caller()
+    proc, tree, _ = _start_caller()
     launcher = min(tree)  # started first
     ranks = tree - {launcher}
     proc.send_signal(signal.SIGINT)
@@ -84,7 +102,7 @@ def test_killed_caller_leaves_no_tmpfs_results(
 ) -> None:
     results = tmp_path / "results"
     monkeypatch.setenv(RESULTS_DIR_ENV, str(results))
-    proc, tree = _start_caller("no-standby")
+    proc, tree, _ = _start_caller("no-standby")
     assert len(list(results.iterdir())) == 1  # the call's twin
     proc.kill()
     proc.wait()
@@ -147,7 +165,7 @@ def test_launcher_has_no_listening_socket() -> None:
     launcher = psutil.Process().children()[0]
     listening = [c for c in launcher.net_connections(kind="all") if c.status == psutil.CONN_LISTEN]
     assert listening == []
-    assert launcher.cmdline()[1:3] == ["-m", "serverless_gpu.launcher"]
+    assert is_launcher(launcher.cmdline())
 
 
 def test_launcher_restarts_transparently_after_dying() -> None:
