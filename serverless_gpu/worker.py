@@ -34,6 +34,7 @@ from .errors import (
     exception_message,
 )
 from .lifetime import die_with_parent
+from .proctitle import set_rank_title
 from .protocol import ErrorRecord, RankDone, RankSpec, Release, ToCaller, UserCodeStarted
 from .serialization import dump_result, dump_to_file, load_payload
 
@@ -104,6 +105,7 @@ def _create_cuda_context(index: int) -> None:
 
 
 def _run(conn: Connection, spec: RankSpec) -> int:
+    set_rank_title(spec.rank, spec.world_size, spec.name)
     os.environ.clear()
     os.environ.update(spec.env)
     os.chdir(spec.cwd)

@@ -1,0 +1,32 @@
+"""Our processes are named for what they are in ps, top and nvidia-smi: the launcher, standby
+ranks waiting for a call and the ranks running one."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from serverless_gpu import distributed
+
+
+@pytest.mark.timeout(120)
+def test_processes_are_named_for_what_they_are() -> None:
+    @distributed(gpus=2, tracking=False, output="none")
+    def title() -> str:
+        with open("/proc/self/cmdline") as f:
+            return f.read().replace("\0", " ").strip()
+
+    titles = title.distributed()
+    assert titles[0].startswith("serverless-gpu rank 0/2 ")
+    assert titles[1].startswith("serverless-gpu rank 1/2 ")
+    assert titles[0].endswith("title")
+    (launcher,) = psutil.Process().children()
+    assert " ".join(launcher.cmdline()).strip() == "serverless-gpu launcher"
+    deadline = time.monotonic() + 60
+    while len(launcher.children()) < 2:  # standby ranks for the next call
+        assert time.monotonic() < deadline, "no standby ranks were made"
+        time.sleep(0.05)
+    for rank in launcher.children():
+        assert " ".join(rank.cmdline()).strip() == "serverless-gpu standby cpu"
