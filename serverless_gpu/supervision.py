@@ -365,6 +365,6 @@ def _log_failure(run_dir: Path, rank: int, exc: OSError) -> str:
     except OSError:
         pass
     return (
-        f"{text}. The ranks were stopped; their output until then was shown. Free space there "
-        f"or set {RUNS_DIR_ENV} to a folder with more room."
+        f"{text}; the call was stopped. Free space there or set {RUNS_DIR_ENV} to a folder with "
+        "more room."
     )
