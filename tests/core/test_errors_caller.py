@@ -16,11 +16,15 @@ from pathlib import Path
 
 import pytest
 
+import serverless_gpu
 from serverless_gpu import ConfigurationError, DistributedError, distributed
 from serverless_gpu.errors import PayloadTooLargeError, WaitTimeoutError
 from serverless_gpu.serialization import dump_payload
 
 MiB = 2**20
+
+_PACKAGE_PARENT = str(Path(serverless_gpu.__file__).resolve().parent.parent)
+"""The checkout under test, also for the scripts these tests start."""
 
 
 def test_deleted_working_directory_is_a_configuration_error(
@@ -60,7 +64,12 @@ def test_full_disk_is_a_distributed_error(tmp_path: Path) -> None:
             print("RAISED", [c.__name__ for c in type(exc).__mro__], exc)
         """
     )
-    env = {**os.environ, "SERVERLESS_GPU_TYPE": "cpu", "SERVERLESS_GPU_RUNS_DIR": str(tmp_path)}
+    env = {
+        **os.environ,
+        "SERVERLESS_GPU_TYPE": "cpu",
+        "SERVERLESS_GPU_RUNS_DIR": str(tmp_path),
+        "PYTHONPATH": _PACKAGE_PARENT,
+    }
     out = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import serverless_gpu
 from serverless_gpu import (
     DistributedError,
     RankFailedError,
@@ -25,6 +26,9 @@ from serverless_gpu import (
     runtime,
 )
 from serverless_gpu.errors import RemoteTraceback
+
+_PACKAGE_PARENT = str(Path(serverless_gpu.__file__).resolve().parent.parent)
+"""The checkout under test, also for the scripts these tests start."""
 
 
 def test_unpicklable_result_is_worded_once(capsys: pytest.CaptureFixture[str]) -> None:
@@ -210,7 +214,12 @@ def test_notebook_cell_functions_show_their_cell_and_source(tmp_path: Path) -> N
             shell.run_cell(cell, store_history=True)
         '''
     )
-    env = {**os.environ, "SERVERLESS_GPU_TYPE": "cpu", "SERVERLESS_GPU_WARMUP": "0"}
+    env = {
+        **os.environ,
+        "SERVERLESS_GPU_TYPE": "cpu",
+        "SERVERLESS_GPU_WARMUP": "0",
+        "PYTHONPATH": _PACKAGE_PARENT,
+    }
     out = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
