@@ -30,7 +30,7 @@ from ..gpus import Placement
 from ..handle import RunHandle
 from ..lifetime import kill_group, signal_name
 from ..protocol import CancelRun, Exiting, Prewarm, RankGroups, RunAccepted, Shutdown, StartRun
-from ..rundirs import RUNS_DIR_ENV, runs_root
+from ..rundirs import RUNS_DIR_ENV, drop_launcher_log, launcher_log_path, release_run
 from ..system_metrics import DEFAULT_INTERVAL_S, SystemSampler
 from .base import RunRequest
 
@@ -46,7 +46,7 @@ class _LauncherProcess:
 
     def __init__(self, on_message: Any, on_exit: Any) -> None:
         ours, theirs = socket.socketpair()
-        self.log_path = runs_root() / f"launcher-{os.getpid()}.log"
+        self.log_path = launcher_log_path()
         log = open(self.log_path, "ab")  # noqa: SIM115
         package_parent = str(Path(serverless_gpu.__file__).resolve().parent.parent)
         env = dict(os.environ)
@@ -174,6 +174,8 @@ class _LauncherProcess:
             self.proc.wait()
         self.conn.close()
         self.reader.join(timeout=1.0)
+        if self.proc.returncode == 0:
+            drop_launcher_log(self.log_path)  # a clean exit with nothing to say leaves no file
 
 
 class LocalBackend:
@@ -285,7 +287,11 @@ class LocalBackend:
 
     def submit(self, request: RunRequest) -> RunHandle[Any]:
         ctx = request.context
-        payload_path = _write_payload(ctx.run_dir, request.payload)
+        try:
+            payload_path = _write_payload(ctx.run_dir, request.payload)
+        except BaseException:
+            release_run(ctx.run_dir)  # no call will end: pruning may take the directory
+            raise
         handle: RunHandle[Any] = RunHandle(ctx, lambda reason: self._cancel(ctx.run_id, reason))
         self._handles[ctx.run_id] = handle
         # Registered before the launcher hears of the run, so that its RunFinished stops it.
@@ -314,6 +320,7 @@ class LocalBackend:
             self._handles.pop(ctx.run_id, None)
             self._stop_sampler(ctx.run_id)
             payload_path.unlink(missing_ok=True)
+            release_run(ctx.run_dir)
             raise
         return handle
 

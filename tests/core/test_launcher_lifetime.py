@@ -10,13 +10,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
 
+import serverless_gpu
 from serverless_gpu import distributed
 from serverless_gpu.errors import DistributedError
 from serverless_gpu.events import Event, RankMessage
+from serverless_gpu.rundirs import RUNS_DIR_ENV
 
 WaitGone = Callable[..., set[int]]
 
@@ -100,3 +103,20 @@ def test_calls_right_after_a_launcher_shutdown_start_a_fresh_one() -> None:
         pids = launcher_pid.distributed()  # at once: no pause for the launcher to exit
         assert pids[0] == pids[1] not in seen
         seen.append(pids[0])
+
+
+@pytest.mark.timeout(120)
+def test_clean_exit_leaves_no_empty_launcher_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = tmp_path / "runs"
+    monkeypatch.setenv(RUNS_DIR_ENV, str(runs))
+
+    @distributed(gpus=2, tracking=False, output="none", standby=False)
+    def noop() -> None:
+        pass
+
+    noop.distributed()
+    assert list(runs.glob("launcher-*.log"))  # written to while the launcher runs
+    serverless_gpu.shutdown()
+    assert not list(runs.glob("launcher-*.log"))
