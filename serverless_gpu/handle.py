@@ -25,6 +25,7 @@ from .events import (
 )
 from .hooks import RunContext
 from .results import RunResult, failure_exception, load_results, with_root_cause
+from .rundirs import release_run
 
 R = TypeVar("R")
 _STDERR_TAIL_LINES = 20
@@ -176,3 +177,4 @@ def _drop_bulk_files(ctx: RunContext) -> None:
     shutil.rmtree(ctx.run_dir / "tmp", ignore_errors=True)
     if ctx.results_dir is not None:
         shutil.rmtree(ctx.results_dir, ignore_errors=True)  # mapped results keep their pages
+    release_run(ctx.run_dir)  # the call is over: pruning may take its directory now

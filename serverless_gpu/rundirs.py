@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -282,11 +282,17 @@ def prune_runs(root: Path, keep: int) -> None:
     """Beyond the newest ``keep`` run directories and launcher logs, delete those that are not
     live and are older than :data:`GRACE_S`; this process's own finished runs go at once (it
     made the newer ones itself, and a loop of calls must not pile up runs for the period)."""
-    runs = [(p, st) for p, st in _ours(root, _RUN_NAME, stat.S_ISDIR) if _is_run(p)]
-    for path in _expired(runs, keep, _run_expired):
-        shutil.rmtree(path, ignore_errors=True)  # never follows a link inside
-    for path in _expired(_ours(root, _LAUNCHER_LOG, stat.S_ISREG), keep, _log_expired):
-        path.unlink(missing_ok=True)
+    # Runs in the order they were made (their markers' times): a run directory's own time moves
+    # whenever a file in it changes, as late as the launcher's cleanup after the call.
+    runs = [(p, st, made) for p, st in _ours(root, _RUN_NAME, stat.S_ISDIR) if (made := _made(p))]
+    runs.sort(key=lambda run: run[2], reverse=True)
+    for path, st, _ in runs[keep:]:
+        if _run_expired(path, st):
+            shutil.rmtree(path, ignore_errors=True)  # never follows a link inside
+    logs = sorted(_ours(root, _LAUNCHER_LOG, stat.S_ISREG), key=lambda e: -e[1].st_mtime)
+    for path, st in logs[keep:]:
+        if _log_expired(path, st):
+            path.unlink(missing_ok=True)
 
 
 def _ours(
@@ -306,20 +312,13 @@ def _ours(
     return found
 
 
-def _is_run(path: Path) -> bool:
+def _made(run_dir: Path) -> float:
+    """When the run was made (its marker's time), or 0.0 where it has no marker: not a run."""
     try:
-        return stat.S_ISREG(os.lstat(path / MARKER).st_mode)
+        st = os.lstat(run_dir / MARKER)
     except OSError:
-        return False
-
-
-def _expired(
-    entries: Iterable[tuple[Path, os.stat_result]],
-    keep: int,
-    expired: Callable[[Path, os.stat_result], bool],
-) -> list[Path]:
-    newest_first = sorted(entries, key=lambda e: e[1].st_mtime, reverse=True)
-    return [path for path, st in newest_first[keep:] if expired(path, st)]
+        return 0.0
+    return st.st_mtime if stat.S_ISREG(st.st_mode) else 0.0
 
 
 def _recent(st: os.stat_result) -> bool:

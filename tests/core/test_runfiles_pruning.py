@@ -112,6 +112,7 @@ def _finished_run(root: Path, name: str, age_s: float) -> Path:
     (run / "logs").mkdir(parents=True)
     (run / MARKER).write_text("1 0.0\n")
     (run / "logs" / "rank_0.txt").write_text("the log the user was pointed at\n")
+    _age(run / MARKER, age_s)
     _age(run, age_s)
     return run
 
@@ -203,3 +204,9 @@ def test_an_empty_launcher_log_is_dropped_one_with_text_kept(tmp_path: Path) -> 
     for log in (empty, talkative, tmp_path / "launcher-3.log"):
         drop_launcher_log(log)
     assert not empty.exists() and talkative.exists()
+
+
+def test_a_loop_of_calls_keeps_only_the_newest_runs(runs: Path) -> None:
+    for _ in range(3):
+        assert quick.distributed() == [1]
+    assert len([p for p in runs.iterdir() if p.is_dir()]) == 1
