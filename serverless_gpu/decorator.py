@@ -289,6 +289,8 @@ def _start_prewarm(target: Callable[[], None]) -> None:
     def run() -> None:
         try:
             target()
+        except DistributedError:
+            pass  # e.g. an unsafe runs folder: the call raises the same error, in the cell
         finally:
             _prewarm_threads.discard(thread)
 
