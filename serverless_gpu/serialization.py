@@ -57,15 +57,26 @@ class _PayloadPickler(cloudpickle.Pickler):
     """cloudpickle, except that code objects keep their file name (cloudpickle writes
     ``<dynamic-code>``), so that a rank's traceback names the script or cell and quotes it."""
 
-    def __init__(self, file: Any) -> None:
+    def __init__(self, file: _LimitedWriter) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.writer = file
         self.filenames: set[str] = set()
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, types.CodeType) and obj.co_filename != _DYNAMIC_FILE:
             self.filenames.add(obj.co_filename)
             return _code_in_file, (obj.replace(co_filename=_DYNAMIC_FILE), obj.co_filename)
+        torch = _torch()
+        if torch is not None and isinstance(obj, torch.Tensor):
+            self._count_storage(obj)
         return super().reducer_override(obj)
+
+    def _count_storage(self, tensor: Any) -> None:
+        # torch serializes a tensor's whole storage into memory before pickle writes it, so
+        # the limit is checked first. (A tensor pickled again is a memo reference and does not
+        # come here; two views of one storage are two copies of it, as pickle writes them.)
+        if self.writer.size + tensor.untyped_storage().nbytes() > self.writer.limit:
+            raise _LimitReached
 
 
 def _code_in_file(code: types.CodeType, filename: str) -> types.CodeType:

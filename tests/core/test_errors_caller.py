@@ -140,3 +140,19 @@ def test_interrupt_traceback_ends_at_the_users_frames() -> None:
     ours = [f for f in files if "serverless_gpu" in f and not f.endswith("decorator.py")]
     assert not ours, files
     assert not any(f.endswith("queue.py") or f.endswith("threading.py") for f in files), files
+
+
+def test_oversized_tensor_argument_is_refused_before_torch_copies_it() -> None:
+    torch = pytest.importorskip("torch")
+    tensor = torch.ones(300 * MiB // 4)
+    tracemalloc.start()
+    try:
+        with pytest.raises(PayloadTooLargeError):
+            dump_payload(len, (tensor,), {}, 100 * MiB)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * MiB, f"pickling allocated {peak / MiB:.0f} MiB"
+    # The same tensor twice is pickled (and counted) once.
+    base = torch.ones(60 * MiB // 4)
+    assert len(dump_payload(len, (base, base), {}, 100 * MiB)) > 60 * MiB
