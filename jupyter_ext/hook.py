@@ -35,8 +35,12 @@ class Renderer(Protocol):
     def show_results(self, descriptions: list[str]) -> None:
         """Add each rank's result type and shape to the summary."""
 
+    def abandon(self, message: str) -> None:
+        """The call failed before its run started: end the display with ``message``."""
 
-_recent: OrderedDict[str, tuple[Path, Renderer]] = OrderedDict()
+
+_recent: OrderedDict[str, tuple[Path, Renderer, int]] = OrderedDict()
+"""Recent runs: run id -> (run directory, renderer, the execution count of their cell)."""
 
 
 def render_run(ctx: RunContext) -> Renderer | None:
@@ -55,7 +59,7 @@ def render_run(ctx: RunContext) -> Renderer | None:
         except Exception as exc:  # a display problem must not stop the run: show it as text
             print(f"serverless_gpu: no run widget ({type(exc).__name__}: {exc})")
     ctx.display_claimed = True
-    _recent[ctx.run_id] = (ctx.run_dir, renderer)
+    _recent[ctx.run_id] = (ctx.run_dir, renderer, _cell_count(shell))
     while len(_recent) > _KEEP_RECENT:
         _recent.popitem(last=False)
     return renderer
@@ -69,9 +73,25 @@ def hooks_done(ctx: RunContext) -> None:
         set_phase("launcher")
 
 
+def abandon_unstarted(shell: Any, error: BaseException) -> None:
+    """The running cell's call raised before its run sent a single event (a hook or the
+    launcher failed): its renderer would read "starting" for good, so it ends with the error."""
+    lines = str(error).strip().splitlines()
+    message = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    cell = _cell_count(shell)
+    for _directory, renderer, count in list(_recent.values()):
+        view = getattr(renderer, "view", None)
+        if count == cell and view is not None and view.version == 0 and not view.done:
+            renderer.abandon(message)
+
+
+def _cell_count(shell: Any) -> int:
+    return int(getattr(shell, "execution_count", 0) or 0)
+
+
 def renderer_for(run_id: str | None = None, run_dir: Path | None = None) -> Renderer | None:
     """The renderer of a recent run, by id or directory (the magic completes its summary)."""
-    for key, (directory, renderer) in reversed(_recent.items()):
+    for key, (directory, renderer, _cell) in reversed(_recent.items()):
         if key == run_id or (run_dir is not None and directory == run_dir):
             return renderer
     return None

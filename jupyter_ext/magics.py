@@ -26,7 +26,7 @@ from serverless_gpu.errors import DistributedError
 from . import magic_args
 from .cellfunc import EmptyCellError, build_cell_function
 from .formatting import describe_value
-from .hook import renderer_for
+from .hook import abandon_unstarted, renderer_for
 from .tracebacks import Labeler, attach, clean_traceback, ipython_labeler
 
 
@@ -82,6 +82,7 @@ class DistributedMagics(Magics):
         try:
             result = function.distributed()
         except Exception as exc:
+            abandon_unstarted(shell, exc)
             _show_without_local_frames(exc, label)
             raise
         renderer = renderer_for(run_id=result.run_id)

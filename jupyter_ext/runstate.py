@@ -184,6 +184,13 @@ class RunView:
                 rank.state, rank.detail = self._stop_reason()
             rank.version += 1
 
+    def failed_to_start(self, message: str) -> None:
+        """The call raised before the run started; no event will come."""
+        self.status, self.finished, self.message = "failed", time.time(), message
+        for rank in self.ranks:
+            rank.state, rank.detail = "stopped", "the run did not start"
+            rank.version += 1
+
     def _stop_reason(self) -> tuple[str, str]:
         """State and detail of a rank the library stopped, in the words of the run's end."""
         if self.status == "cancelled":

@@ -57,6 +57,10 @@ class TextRenderer:
         listed = ", ".join(f"rank {r}: {d}" for r, d in enumerate(descriptions))
         self._write(f"  results: {listed}\n")
 
+    def abandon(self, message: str) -> None:
+        self.view.failed_to_start(message)
+        self._write(summary_text(self.view) + "\n")
+
     def _header(self) -> str:
         view = self.view
         parts = [f"serverless_gpu: {view.name} on {hardware_label(view)}"]

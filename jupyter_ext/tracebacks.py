@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import linecache
 import re
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,12 @@ from serverless_gpu.errors import (
     RemoteTraceback,
 )
 
+from .hook import abandon_unstarted
+
 _FRAME = re.compile(r'^(?P<indent> *)File "(?P<file>[^"]+)", line (?P<line>\d+)(?P<rest>.*)$')
 _MAGIC_CELL = re.compile(r"^<%%distributed (In\[\d+\])>$")
 _LIBRARY = str(Path(serverless_gpu.__file__).resolve().parent) + "/"
+_OURS = (_LIBRARY, str(Path(__file__).resolve().parent) + "/")
 _RED, _BOLD_RED, _DIM, _RESET = "\x1b[31m", "\x1b[1;31m", "\x1b[2m", "\x1b[0m"
 
 Labeler = Callable[[str], "str | None"]
@@ -185,5 +189,21 @@ class ExceptionDisplay:
         if tb is None or tb.tb_frame.f_code.co_name != "run_code":
             shell.showsyntaxerror()
             return
-        attach(value, self.label)
+        if isinstance(value, DistributedError):
+            abandon_unstarted(shell, value)
+        if not attach(value, self.label) and isinstance(value, DistributedError):
+            tb = _user_frames(tb)  # the library's own error: the user's call is what matters
         shell.showtraceback((etype, value, tb), tb_offset=tb_offset, running_compiled_code=True)
+
+
+def _user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback without the frames of this library and this extension."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_OURS):
+            kept.append(tb)
+        tb = tb.tb_next
+    pruned = None
+    for frame in reversed(kept):
+        pruned = types.TracebackType(pruned, frame.tb_frame, frame.tb_lasti, frame.tb_lineno)
+    return pruned

@@ -187,6 +187,10 @@ class WidgetRenderer:
         self.view.set_results(descriptions)
         self._publish_record()
 
+    def abandon(self, message: str) -> None:
+        self.view.failed_to_start(message)
+        self._finish()
+
     def _on_cancel(self, _button: widgets.Button) -> None:
         if self.view.done:
             return

@@ -14,6 +14,7 @@ from jupyter_helpers import ANSI
 from jupyter_ext import lifecycle
 from jupyter_ext.tracebacks import clean_traceback, ipython_labeler
 from serverless_gpu import hooks
+from serverless_gpu.errors import LauncherError
 from serverless_gpu.hooks import RunContext
 
 INTERNAL = ("worker.py", "handle.py", "magics.py", "decorator.py", "run_cell_magic")
@@ -144,3 +145,31 @@ def _library_dir() -> str:
     import serverless_gpu
 
     return str(Path(serverless_gpu.__file__).resolve().parent) + "/"
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.parametrize("how", ["magic", "decorated"])
+def test_a_call_that_fails_before_its_run_starts_ends_its_display(
+    shell: InteractiveShell, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    def broken(_ctx: RunContext) -> None:
+        raise LauncherError("could not reach the launcher process")
+
+    hooks.register_hook(broken, order=20)  # after the display is made, before any event
+    try:
+        if how == "decorated":
+            assert shell.run_cell(FLAKY, store_history=True).success
+            cell = "flaky_step.distributed(1)"
+        else:
+            cell = "%%distributed gpus=2 gpu_type=cpu\n1 + 1\n"
+        capsys.readouterr()
+        assert not shell.run_cell(cell, store_history=True).success
+    finally:
+        hooks.unregister_hook(broken)
+    text = ANSI.sub("", capsys.readouterr().out)
+    assert re.search(
+        r"run failed after [\d.]+ s: LauncherError: could not reach the launcher", text
+    )
+    assert re.search(r"\n  1 +stopped +- +the run did not start\n", text), text
+    assert "LauncherError: could not reach the launcher process" in text
+    assert ".py:" not in text.split("  logs: ")[-1], text  # no frame of the library
