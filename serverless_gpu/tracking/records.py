@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import socket
+
+import psutil
 
 from ..hooks import RunContext
 
@@ -14,6 +17,12 @@ cannot collide with them."""
 STATUS_TAG = PREFIX + "status"
 ERROR_TAG = PREFIX + "error"
 """The root cause of a failed run; for a cancelled one, the reason."""
+HOST_TAG = PREFIX + "host"
+OWNER_PID_TAG = PREFIX + "owner_pid"
+OWNER_STARTED_TAG = PREFIX + "owner_started"
+"""The calling process (pid and start time, which tell it from a later process with the same
+pid): a RUNNING run whose owner is gone is ended as KILLED by the next tracked call."""
+CALLER_EXITED = "the calling process exited during the run"
 
 
 def run_params(ctx: RunContext) -> dict[str, str]:
@@ -29,10 +38,18 @@ def run_params(ctx: RunContext) -> dict[str, str]:
     }
 
 
+def owner_tags() -> dict[str, str]:
+    return {
+        HOST_TAG: socket.gethostname(),
+        OWNER_PID_TAG: str(os.getpid()),
+        OWNER_STARTED_TAG: f"{psutil.Process().create_time():.3f}",
+    }
+
+
 def run_tags(ctx: RunContext) -> dict[str, str]:
     names = ctx.placement.gpu_names
     return {
-        PREFIX + "host": socket.gethostname(),
+        **owner_tags(),
         PREFIX + "gpu_names": ", ".join(names) if names else "CPU",
         PREFIX + "device": ctx.placement.device,
         PREFIX + "call_id": ctx.run_id,

@@ -16,6 +16,7 @@ from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from ..hooks import RunContext
+from . import records
 from .settings import ARTIFACT_URI_ENV, RUN_ID_ENV
 
 
@@ -43,7 +44,8 @@ def open_run(ctx: RunContext, client: MlflowClient, uri: str) -> TrackedRun:
     if resume_id:
         return _resume(client, uri, resume_id)
     parent = mlflow.active_run()
-    tags = {MLFLOW_RUN_NAME: run_name(ctx)}
+    # The owner from the start: a caller killed right after this call leaves a run to reap.
+    tags = {MLFLOW_RUN_NAME: run_name(ctx), **records.owner_tags()}
     if parent is not None:
         experiment_id = parent.info.experiment_id
         tags[MLFLOW_PARENT_RUN_ID] = parent.info.run_id

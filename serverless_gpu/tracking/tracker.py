@@ -19,6 +19,7 @@ from ..hooks import RunContext
 from . import records, store
 from .deadline import call_with_deadline
 from .errors import TrackingUnavailableError, TrackingWarning
+from .reaper import end_orphaned_runs
 from .run_setup import TrackedRun, open_run, rank_env
 from .settings import (
     LOG_UPLOAD_INTERVAL_ENV,
@@ -70,6 +71,7 @@ def start_tracking(ctx: RunContext) -> RunTracker:
     upload_every = env_float(LOG_UPLOAD_INTERVAL_ENV, 60.0)
     writer = Writer(client, run.run_id, ctx.run_dir / "logs", spill, upload_every, run.params)
     writer.setup(records.run_params(ctx), records.run_tags(ctx))
+    writer.run_later(partial(end_orphaned_runs, client))
     return RunTracker(ctx, uri, run, writer, spill)
 
 
@@ -137,7 +139,7 @@ class RunTracker:
 
     def abandon(self) -> None:
         """The caller exits before the run finished: mark it KILLED."""
-        self._finish("KILLED", {records.ERROR_TAG: "the calling process exited during the run"})
+        self._finish("KILLED", {records.ERROR_TAG: records.CALLER_EXITED})
 
     def _finish(self, status: str, tags: dict[str, str]) -> None:
         if self.finished:

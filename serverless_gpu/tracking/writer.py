@@ -31,7 +31,7 @@ _WAIT_SLICE_S = 2.0
 @dataclass(frozen=True)
 class _Op:
     kind: str
-    """``setup``, ``batch``, ``system``, ``logs``, ``finish`` or ``stop``."""
+    """``setup``, ``batch``, ``system``, ``logs``, ``task``, ``finish`` or ``stop``."""
     rank: int | None = None
     time: float = 0.0
     data: Any = None
@@ -85,6 +85,10 @@ class Writer:
     def system(self, when: float, values: dict[str, float]) -> None:
         self._queue.put(_Op("system", None, when, values))
 
+    def run_later(self, task: Callable[[], None]) -> None:
+        """Housekeeping in the writer's thread, off the caller's path; its errors are ignored."""
+        self._queue.put(_Op("task", None, time.time(), task))
+
     def finish(self, status: str, tags: dict[str, str]) -> None:
         self._queue.put(_Op("finish", None, time.time(), {"status": status, "tags": tags}))
         self._queue.put(_STOP)
@@ -132,6 +136,12 @@ class Writer:
     def _apply(self, op: _Op) -> None:
         if self.failure is not None:
             self._keep(op)
+            return
+        if op.kind == "task":
+            try:
+                op.data()
+            except Exception:
+                pass  # housekeeping of other runs must not stop this one's tracking
             return
         try:
             if op.kind == "batch":

@@ -109,3 +109,38 @@ def test_keyboard_interrupt_marks_the_run_killed(
     [run] = experiment_runs(embedded)
     assert run.info.status == "KILLED"
     assert "KeyboardInterrupt" in run.data.tags["serverless_gpu.error"]
+
+
+def test_a_run_whose_caller_was_sigkilled_is_marked_killed_by_the_next_call(
+    embedded: MlflowClient, experiment_runs: RunsOf, store_dir: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "running"
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(HERE)!r})
+        import tracking_fns
+        from serverless_gpu import distributed
+
+        fn = distributed(gpus=2, gpu_type="cpu", timeout=300)(tracking_fns.sleep_until_stopped)
+        fn.distributed({str(marker)!r})
+        """
+    )
+    caller = subprocess.Popen([sys.executable, "-c", script], cwd=store_dir, env=dict(os.environ))
+    try:
+        _wait_for(marker, 120)
+        caller.kill()  # no atexit, no cleanup in the caller
+        caller.wait(60)
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
+    [orphan] = experiment_runs(embedded)
+    assert orphan.info.status == "RUNNING"
+
+    distributed(gpus=2, gpu_type="cpu", timeout=300)(tracking_fns.no_mlflow).distributed()
+
+    run = embedded.get_run(orphan.info.run_id)
+    assert run.info.status == "KILLED"
+    assert "exited during the run" in run.data.tags["serverless_gpu.error"]
+    assert run.info.end_time is not None
