@@ -57,6 +57,8 @@ from .supervision import RunSupervisor
 
 _TICK_S = 0.05
 MAX_WARM_SHAPES = 2
+CALLER_BACKLOG_BYTES = 64 << 20
+"""Events queued for the caller beyond which the ranks' output is left in their pipes."""
 _FLUSH_AT_EXIT_S = 2.0
 """How long the last events may wait for a caller that does not read, at shutdown."""
 
@@ -72,8 +74,14 @@ class Launcher:
         self.caller = caller
         self.selector = selectors.DefaultSelector()
         caller.attach(self.selector, self._on_caller)
+        self.backlog_selector = selectors.DefaultSelector()
+        """Watches only the caller, while it has too much unread (see _wait_for_caller)."""
+        self.backlog_selector.register(
+            caller.fileno(), selectors.EVENT_READ | selectors.EVENT_WRITE
+        )
         if caller_pidfd is not None:
             self.selector.register(caller_pidfd, selectors.EVENT_READ, self._on_caller_exit)
+            self.backlog_selector.register(caller_pidfd, selectors.EVENT_READ)
         self.reported_groups: tuple[int, ...] = ()
         self.runs: dict[str, RunSupervisor] = {}
         self.standby: dict[tuple[str, int], list[RankProcess]] = {}
@@ -91,16 +99,32 @@ class Launcher:
 
     def serve(self) -> None:
         while self.running:
-            for key, _ in self.selector.select(timeout=self._timeout()):
-                key.data(key.fileobj)
+            backlog = self.caller.pending > CALLER_BACKLOG_BYTES
+            if backlog:
+                self._wait_for_caller()
+            else:
+                for key, _ in self.selector.select(timeout=self._timeout()):
+                    key.data(key.fileobj)
             now = time.monotonic()
             for run in list(self.runs.values()):
-                run._guarded(run.tick, now)
+                run._guarded(run.tick, now, not backlog)
                 if run.finished:
                     self._close_run(run)
             self._reap_retired()
             reap_adopted(self._known_pids())
             self._report_groups()
+
+    def _wait_for_caller(self) -> None:
+        """The caller is not reading (stopped, busy): read nothing from the ranks until it
+        catches up, so their output waits in their pipes (and then blocks them) instead of
+        growing here without bound. Timeouts, cancels and the caller's exit still work."""
+        for key, events in self.backlog_selector.select(timeout=_TICK_S):
+            if key.fd == self.caller.fileno():
+                self.caller.flush()
+                if events & selectors.EVENT_READ:
+                    self._on_caller()
+            else:
+                self._on_caller_exit(key.fd)
 
     def _timeout(self) -> float:
         wakes = [t for run in self.runs.values() if (t := run.next_wake()) is not None]
@@ -350,6 +374,7 @@ class Launcher:
             r.reap_blocking()
         self.retired.clear()
         self._kill_adopted()
+        self.backlog_selector.close()
         for folder in self.results_dirs:
             shutil.rmtree(folder, ignore_errors=True)
         self._report_groups()

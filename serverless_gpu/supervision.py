@@ -297,14 +297,11 @@ class RunSupervisor:
                 kill_group(proc.pid, signal.SIGTERM)
         self.kill_deadline = time.monotonic() + self.grace
 
-    def tick(self, now: float) -> None:
-        for rank, proc in enumerate(self.ranks):
-            for stream in proc.pacer.due(now):
-                self._on_output(rank, stream)
-            for stream, splitter in proc.splitters.items():
-                piece = splitter.flush_idle(now) if stream in proc.pipes else None
-                if piece:
-                    self.emit(OutputLines(self.spec.run_id, rank, stream, (piece,), time.time()))
+    def tick(self, now: float, read_output: bool = True) -> None:
+        """Timers: paused output streams, idle partial lines, the timeout, the SIGKILL after
+        the grace period. ``read_output=False`` while the caller is not reading."""
+        if read_output:
+            self._read_due_output(now)
         if self.deadline is not None and now >= self.deadline and not self.stopping:
             running = [r for r in range(len(self.ranks)) if r not in self.returned | self.raised]
             limit = self.spec.timeout or 0.0
@@ -318,21 +315,37 @@ class RunSupervisor:
                 if rank not in self.exited:
                     kill_group(proc.pid, signal.SIGKILL)
 
+    def _read_due_output(self, now: float) -> None:
+        for rank, proc in enumerate(self.ranks):
+            for stream in proc.pacer.due(now):
+                self._on_output(rank, stream)
+            for stream, splitter in proc.splitters.items():
+                piece = splitter.flush_idle(now) if stream in proc.pipes else None
+                if piece:
+                    self.emit(OutputLines(self.spec.run_id, rank, stream, (piece,), time.time()))
+
     def _finish(self) -> None:
         root: int | None = None
+        cause = ""
         first = min(self.failures) if self.failures else None
         if self.run_failure is not None and (first is None or self.run_failure[0] <= first[0]):
             self.status = RunStatus.FAILED
             self.message = self.run_failure[1]
         elif first is not None and self.status is RunStatus.FAILED:
-            _when, root, what = first
-            self.message = f"rank {root} {what}"
+            _when, root, cause = first
+            self.message = f"rank {root} {cause}"
         elif not self.stopping:
             self.status = RunStatus.SUCCEEDED
         self.finished = True
         self.emit(
             RunFinished(
-                self.spec.run_id, self.status, root, self.message, self.unfinished, time.time()
+                self.spec.run_id,
+                self.status,
+                root,
+                self.message,
+                self.unfinished,
+                time.time(),
+                cause=cause,
             )
         )
 
