@@ -67,6 +67,9 @@ def header_html(view: RunView, now: float | None = None, note: str = "") -> str:
     if view.links:
         parts.append(_links(view))
     second = [html.escape(rank_counts(view))]
+    metrics = view.metrics.text()
+    if metrics:
+        second.append(f'<span class="sgpu-metrics">{html.escape(metrics)}</span>')
     progress = view.progress_line()
     if progress and not view.done:
         second.append(f'<span class="sgpu-progress">progress: {html.escape(progress)}</span>')
@@ -139,12 +142,17 @@ def record_html(view: RunView, tail: int = RECORD_TAIL) -> str:
     return (
         '<div class="sgpu-record" style="line-height:1.6">'
         f"<b>{html.escape(view.name)}</b> &middot; {html.escape(hardware_label(view))} &middot; "
-        f"{badge(view.status.replace('_', ' '), view.status)}{links}"
+        f"{badge(view.status.replace('_', ' '), view.status)}{links}{_metrics(view)}"
         f'<div class="sgpu-summary">{html.escape(final_line(view))}</div>'
         f'<table style="border-collapse:collapse;font-size:90%"><tr>{head}</tr>{rows}</table>'
         + "".join(_rank_tail(view, rank, tail) for rank in view.ranks)
         + f'<div style="{_MUTED}">full logs: <code>{logs}</code></div></div>'
     )
+
+
+def _metrics(view: RunView) -> str:
+    text = view.metrics.text()
+    return f' &middot; <span class="sgpu-metrics">{html.escape(text)}</span>' if text else ""
 
 
 def _code(text: str) -> str:

@@ -24,6 +24,7 @@ from serverless_gpu.events import (
 from serverless_gpu.hooks import RunContext
 
 from . import progress
+from .metrics import LatestMetrics
 
 MAX_LINES_ENV = "SERVERLESS_GPU_WIDGET_LINES"
 DEFAULT_MAX_LINES = 200
@@ -126,6 +127,7 @@ class RunView:
         self.ranks = [RankView(r, limit) for r in range(self.world_size)]
         self.merged: deque[tuple[int, str]] = deque(maxlen=2 * limit)
         """Every rank's finished lines in arrival order, for the all-ranks view."""
+        self.metrics = LatestMetrics()
         self.version = 0
         """Bumped on every change to any rank."""
 
@@ -142,7 +144,7 @@ class RunView:
             self._rank_finished(event)
         elif isinstance(event, RunFinished):
             self._run_finished(event)
-        else:
+        elif not self.metrics.apply(event):
             return False
         self.version += 1
         return True

@@ -20,7 +20,7 @@ from typing import Any
 import ipywidgets as widgets
 from IPython.display import DisplayHandle, display
 
-from serverless_gpu.events import OutputLines, RunFinished
+from serverless_gpu.events import OutputLines, RankMessage, RunFinished
 from serverless_gpu.hooks import RunContext
 
 from . import html_view
@@ -115,7 +115,7 @@ class WidgetRenderer:
         if isinstance(event, RunFinished):
             self._finish()
         else:
-            self._refresh(force=not isinstance(event, OutputLines))
+            self._refresh(force=not isinstance(event, (OutputLines, RankMessage)))
 
     def set_phase(self, phase: str) -> None:
         """What the run waits for while it starts (the hooks are done: the launcher next)."""

@@ -8,11 +8,12 @@ import pytest
 
 from jupyter_ext import progress
 from jupyter_ext.formatting import rank_status, status_words, summary_rows
-from jupyter_ext.html_view import merged_lines_html, rank_status_html
+from jupyter_ext.html_view import header_html, merged_lines_html, rank_status_html, record_html
 from jupyter_ext.runstate import RunView
 from serverless_gpu.events import (
     OutputLines,
     RankFinished,
+    RankMessage,
     RankStarted,
     RankState,
     RunFinished,
@@ -21,6 +22,7 @@ from serverless_gpu.events import (
 )
 from serverless_gpu.gpus import GPUType, Placement
 from serverless_gpu.hooks import RunContext
+from serverless_gpu.tracking.settings import MESSAGE_KIND
 
 RUN = "r1"
 
@@ -143,3 +145,22 @@ def test_all_ranks_view_interleaves_lines_with_rank_prefixes(tmp_path: Path) -> 
     ]
     status = rank_status_html(view)
     assert "<code>a2</code>" in status and "<code>partial</code>" in status  # each last line
+
+
+def _metrics(rank: int, *points: tuple[str, float, int]) -> RankMessage:
+    batch = {"metrics": [(k, v, 0, step) for k, v, step in points], "params": [], "tags": []}
+    return RankMessage(RUN, rank, MESSAGE_KIND, batch, 3.0)
+
+
+def test_the_header_shows_rank_0s_latest_metrics(tmp_path: Path) -> None:
+    view = _view(tmp_path)
+    _start(view)
+    assert "sgpu-metrics" not in header_html(view)
+    view.apply(_metrics(1, ("loss", 9.0, 50)))  # until rank 0 logs, another rank's will do
+    assert "step 50 \u00b7 loss 9" in header_html(view)
+    view.apply(_metrics(0, ("lr", 0.001, 10), ("loss", 0.51234, 10), ("loss", 0.41234, 11)))
+    view.apply(_metrics(1, ("loss", 7.0, 60)))
+    assert view.metrics.text() == "step 11 \u00b7 loss 0.4123 \u00b7 lr 0.001"
+    assert view.metrics.text() in header_html(view)
+    view.apply(RunFinished(RUN, RunStatus.SUCCEEDED, None, "", (), 9.0))
+    assert view.metrics.text() in record_html(view)  # the record keeps them
