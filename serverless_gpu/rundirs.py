@@ -186,7 +186,11 @@ def new_run_dir(name: str) -> tuple[str, Path, Path | None]:
     root, results_base = runs_root(), results_root()
     path = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{run_id}"
     path.mkdir(mode=0o700)
-    _hold(path)
+    try:
+        _hold(path)
+    except OSError:  # a full disk: no half-made run is left behind
+        shutil.rmtree(path, ignore_errors=True)
+        raise
     results = None if results_base is None else _new_twin(results_base / path.name, path)
     prune_runs(root, keep=int(os.environ.get(KEEP_RUNS_ENV, DEFAULT_KEEP_RUNS)))
     if results_base is not None:
@@ -217,14 +221,19 @@ def _hold(run_dir: Path) -> None:
         0o600,
     )
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        pass  # a filesystem without flock: liveness is then read from the owner record
-    os.write(fd, _own_record())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pass  # a filesystem without flock: liveness is then read from the owner record
+        os.write(fd, _own_record())
+        # Under its name only once locked: a pruner never sees the marker of a live run
+        # unlocked.
+        os.rename(run_dir / f"{MARKER}.new", run_dir / MARKER)
+    except BaseException:
+        os.close(fd)
+        raise
     with _held_lock:
         _held[run_dir] = fd
-    # Under its name only once locked: a pruner never sees the marker of a live run unlocked.
-    os.rename(run_dir / f"{MARKER}.new", run_dir / MARKER)
 
 
 def _own_record() -> bytes:
@@ -300,15 +309,16 @@ def _ours(
 ) -> list[tuple[Path, os.stat_result]]:
     """Entries of ``root`` with our name pattern, of that kind (not links), owned by us."""
     found = []
-    for entry in os.scandir(root):
-        if not name.fullmatch(entry.name):
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            continue  # another caller of the same user pruned it meanwhile
-        if kind(st.st_mode) and st.st_uid == os.getuid():
-            found.append((Path(entry.path), st))
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if not name.fullmatch(entry.name):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # another caller of the same user pruned it meanwhile
+            if kind(st.st_mode) and st.st_uid == os.getuid():
+                found.append((Path(entry.path), st))
     return found
 
 

@@ -163,3 +163,25 @@ def test_a_call_starting_on_a_full_results_tmpfs_keeps_its_results_in_the_run_di
         return int(os.environ["RANK"])
 
     assert ranks.distributed() == [0, 1]
+
+
+def test_a_run_that_cannot_be_made_on_a_full_disk_leaves_nothing(
+    mount_tmpfs: MountTmpfs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from serverless_gpu.errors import DistributedError
+    from serverless_gpu.rundirs import new_run_dir
+
+    full = mount_tmpfs("1m")
+    runs = full / "runs"
+    runs.mkdir(mode=0o700)
+    with open(full / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"x" * 4096)
+        except OSError:
+            pass
+    monkeypatch.setenv(RUNS_DIR_ENV, str(runs))
+    monkeypatch.setenv(RESULTS_DIR_ENV, "off")
+    with pytest.raises((OSError, DistributedError)):
+        new_run_dir("fn")
+    assert os.listdir(runs) == []
