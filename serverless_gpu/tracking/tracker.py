@@ -14,11 +14,13 @@ from functools import partial
 
 from mlflow import MlflowClient
 
-from ..events import Event, RankMessage, RunFinished, RunStarted, RunStatus, SystemMetrics
+from ..events import Event, RankMessage, RunFinished, RunStarted, SystemMetrics
 from ..hooks import RunContext
 from . import records, store
 from .deadline import call_with_deadline
 from .errors import TrackingUnavailableError, TrackingWarning
+from .experiment import mark_training_experiment
+from .outcome import mlflow_status, outcome_tags
 from .reaper import end_orphaned_runs
 from .run_setup import TrackedRun, open_run, rank_env
 from .settings import (
@@ -33,12 +35,6 @@ from .settings import (
 from .spill import Spill
 from .writer import Writer
 
-_MLFLOW_STATUS = {
-    RunStatus.SUCCEEDED: "FINISHED",
-    RunStatus.FAILED: "FAILED",
-    RunStatus.TIMED_OUT: "FAILED",
-    RunStatus.CANCELLED: "KILLED",
-}
 _open: set[RunTracker] = set()
 """Trackers whose run has not ended; ended as KILLED if the caller exits first."""
 _open_lock = threading.Lock()
@@ -71,6 +67,7 @@ def start_tracking(ctx: RunContext) -> RunTracker:
     upload_every = env_float(LOG_UPLOAD_INTERVAL_ENV, 60.0)
     writer = Writer(client, run.run_id, ctx.run_dir / "logs", spill, upload_every, run.params)
     writer.setup(records.run_params(ctx), records.run_tags(ctx))
+    writer.run_later(partial(mark_training_experiment, client, run.experiment_id))
     writer.run_later(partial(end_orphaned_runs, client))
     return RunTracker(ctx, uri, run, writer, spill)
 
@@ -133,7 +130,7 @@ class RunTracker:
         elif isinstance(event, RunStarted):
             self._announce()
         elif isinstance(event, RunFinished):
-            self._finish(_MLFLOW_STATUS.get(event.status, "FAILED"), _outcome_tags(event))
+            self._finish(mlflow_status(event), outcome_tags(event, self.ctx.run_dir))
         if self.writer is not None and self.writer.failure is not None:
             self.warn_untracked(self.writer.failure, started=True)
 
@@ -186,15 +183,6 @@ class RunTracker:
             TrackingWarning,
             stacklevel=3,
         )
-
-
-def _outcome_tags(event: RunFinished) -> dict[str, str]:
-    tags = {records.STATUS_TAG: event.status.value}
-    if event.status is not RunStatus.SUCCEEDED:
-        # The launcher's root cause: "rank 1 raised ValueError: ...", "rank 0 was killed by
-        # SIGKILL", "exceeded its timeout ...", or the reason given to cancel.
-        tags[records.ERROR_TAG] = event.message or event.status.value
-    return tags
 
 
 @atexit.register

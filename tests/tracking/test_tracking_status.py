@@ -144,3 +144,31 @@ def test_a_run_whose_caller_was_sigkilled_is_marked_killed_by_the_next_call(
     assert run.info.status == "KILLED"
     assert "exited during the run" in run.data.tags["serverless_gpu.error"]
     assert run.info.end_time is not None
+
+
+def test_a_failed_run_explains_itself_and_its_experiment_is_a_training_one(
+    embedded: MlflowClient, experiment_runs: RunsOf, tracking_env: str
+) -> None:
+    fn = distributed(gpus=2, gpu_type="cpu", timeout=300)(tracking_fns.fail_on_rank_1)
+    with pytest.raises(ValueError, match="rank 1 gave up"):
+        fn.distributed("raise")
+    [run] = experiment_runs(embedded)
+    # MLflow 3's UI lists the runs of such an experiment as training runs.
+    experiment = embedded.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    # The description (the run page's first text): root cause, then the rank's traceback.
+    description = run.data.tags["mlflow.note.content"]
+    assert description.startswith("rank 1 raised ValueError: rank 1 gave up")
+    assert "Traceback (most recent call last)" in description
+    assert "in fail_on_rank_1" in description
+    assert "logs/rank_1.txt" in description
+
+
+def test_a_users_experiment_kind_is_kept(
+    embedded: MlflowClient, experiment_runs: RunsOf, tracking_env: str
+) -> None:
+    experiment_id = embedded.create_experiment(tracking_env)
+    embedded.set_experiment_tag(experiment_id, "mlflow.experimentKind", "genai_development")
+    distributed(gpus=2, gpu_type="cpu", timeout=300)(tracking_fns.no_mlflow).distributed()
+    tags = embedded.get_experiment(experiment_id).tags
+    assert tags["mlflow.experimentKind"] == "genai_development"
