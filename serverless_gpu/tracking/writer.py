@@ -85,7 +85,7 @@ class Writer:
     def system(self, when: float, values: dict[str, float]) -> None:
         self._queue.put(_Op("system", None, when, values))
 
-    def run_later(self, task: Callable[[], None]) -> None:
+    def run_later(self, task: Callable[[], object]) -> None:
         """Housekeeping in the writer's thread, off the caller's path; its errors are ignored."""
         self._queue.put(_Op("task", None, time.time(), task))
 
