@@ -13,7 +13,7 @@ from typing import Any
 
 from serverless_gpu.hooks import register_hook, unregister_hook
 
-from .hook import HOOKS_DONE_ORDER, RENDER_HOOK_ORDER, hooks_done, render_run
+from .hook import HOOKS_DONE_ORDER, RENDER_HOOK_ORDER, hooks_done, render_run, widgets_wanted
 from .magics import DistributedMagics
 from .tracebacks import ExceptionDisplay
 
@@ -56,9 +56,19 @@ def load(shell: Any) -> None:
         _loaded.uninstall()
     _loaded = _Loaded(shell)
     _loaded.install()
+    _import_widgets(shell)
     import serverless_gpu
 
     serverless_gpu.warm_up()  # the first call of the session then finds the launcher ready
+
+
+def _import_widgets(shell: Any) -> None:
+    """Import the widget now, so that the first run's widget shows without that delay."""
+    if widgets_wanted(shell):
+        try:
+            from . import widget  # noqa: F401
+        except Exception:  # the run hook reports a widget that cannot be made, at the run
+            pass
 
 
 def unload(shell: Any) -> None:
