@@ -41,6 +41,8 @@ class Channel:
         self._out: deque[memoryview] = deque()
         self.broken = False
         """The peer is gone: a write failed (EPIPE) or a read found the end."""
+        self.last_read = 0
+        """Bytes the latest ``receive`` read (a large message may still be incomplete)."""
         self._selector: selectors.BaseSelector | None = None
         self._callback: Callable[[Any], None] | None = None
         self._events = 0
@@ -110,6 +112,7 @@ class Channel:
                 break
             self._in += data
             taken += len(data)
+        self.last_read = taken
         return self._frames(), eof
 
     def _frames(self) -> list[Any]:

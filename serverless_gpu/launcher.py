@@ -59,6 +59,8 @@ _TICK_S = 0.05
 MAX_WARM_SHAPES = 2
 CALLER_BACKLOG_BYTES = 64 << 20
 """Events queued for the caller beyond which the ranks' output is left in their pipes."""
+_REAP_AT_EXIT_S = 10.0
+"""How long shutdown waits for SIGKILLed ranks to be gone (a GPU driver's teardown)."""
 _FLUSH_AT_EXIT_S = 2.0
 """How long the last events may wait for a caller that does not read, at shutdown."""
 
@@ -360,18 +362,18 @@ class Launcher:
             run.cancel("the launcher is shutting down")
         pids = self.all_pids()
         terminate_groups(pids, 1.0, reap=self._reap_all)
+        reaped_by = time.monotonic() + _REAP_AT_EXIT_S
         for run in list(self.runs.values()):
             for r in run.ranks:
-                r.reap_blocking()
+                r.reap_by(reaped_by)
             run.finish_now()
             self._close_run(run)
         standby = [r for group in self.standby.values() for r in group]
         terminate_groups([r.pid for r in standby if r.alive()], 0.5, reap=self._reap_all)
-        for r in standby:
-            r.reap_blocking()
+        reaped_by = time.monotonic() + _REAP_AT_EXIT_S
+        for r in standby + self.retired:
+            r.reap_by(reaped_by)
         self.standby.clear()
-        for r in self.retired:
-            r.reap_blocking()
         self.retired.clear()
         self._kill_adopted()
         self.backlog_selector.close()

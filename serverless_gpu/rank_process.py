@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import select
 import signal
 import socket
+import time
 from multiprocessing.connection import Connection
 
 from .channel import Channel
@@ -44,13 +47,15 @@ class RankProcess:
                 self.exit_status = os.waitstatus_to_exitcode(status)
         return self.exit_status
 
-    def reap_blocking(self) -> int | None:
-        if self.exit_status is None:
-            try:
-                _, status = os.waitpid(self.pid, 0)
-                self.exit_status = os.waitstatus_to_exitcode(status)
-            except ChildProcessError:
-                pass
+    def reap_by(self, deadline: float) -> int | None:
+        """Wait (until the ``time.monotonic()`` deadline) for the process to exit, reap it and
+        close its descriptors. For shutdown, after SIGKILL: a process stuck in the kernel
+        (a driver's teardown) must not hold the launcher forever; one not reaped by then is
+        left to whoever adopts it."""
+        if self.exit_status is None and self.pidfd >= 0:
+            with contextlib.suppress(OSError, ValueError):
+                select.select([self.pidfd], [], [], max(0.0, deadline - time.monotonic()))
+        self.poll()
         self.close()
         return self.exit_status
 

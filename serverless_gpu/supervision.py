@@ -150,7 +150,8 @@ class RunSupervisor:
     # -- events from the ranks -------------------------------------------------------------------
 
     def _on_message(self, rank: int) -> bool:
-        """Handle what the rank's channel holds; True while there may be more to read."""
+        """Handle what the rank's channel holds; True while there may be more to read (a
+        large message may take several reads)."""
         proc = self.ranks[rank]
         messages, eof = proc.channel.receive()
         for message in messages:
@@ -158,7 +159,7 @@ class RunSupervisor:
         if eof and rank not in self.hung_up:
             self.hung_up.add(rank)
             proc.channel.detach()
-        return bool(messages) and not eof
+        return proc.channel.last_read > 0 and not eof
 
     def _dispatch(self, rank: int, message: Any) -> None:
         proc = self.ranks[rank]
