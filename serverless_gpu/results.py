@@ -95,7 +95,7 @@ def failure_exception(
         time=info.time if info else finished.time,
         exit_code=info.exit_code if info else None,
         signal_name=info.signal_name if info else None,
-        message=finished.cause or finished.message.removeprefix(f"rank {root} "),
+        message=finished.cause,
         log_path=run_dir / "logs" / f"rank_{root}.txt",
         stderr_tail=stderr_tails.get(root, ""),
     )
