@@ -224,7 +224,7 @@ def _exit_callbacks_quietly() -> None:
     try:
         runtime._run_exit_callbacks()
     except Exception:  # a failing flush must not hide the user's own result or error
-        traceback.print_exc()
+        _attempt(traceback.print_exc)  # nor may stderr, if the function closed it
 
 
 def _apply_thread_limit() -> None:

@@ -69,6 +69,20 @@ def test_result_survives_closed_stdout_and_stderr() -> None:
     assert closes.distributed() == [0, 1]
 
 
+def _failing_exit_callback() -> None:
+    raise RuntimeError("an exit callback failed")
+
+
+def test_result_survives_a_failing_exit_callback_with_stderr_closed() -> None:
+    @distributed(gpus=2, tracking=False)
+    def closes() -> int:
+        runtime.on_rank_exit(_failing_exit_callback)
+        os.close(2)
+        return runtime.get_global_rank()
+
+    assert closes.distributed() == [0, 1]
+
+
 def test_error_survives_closing_every_inherited_descriptor() -> None:
     """The rank's connection to the launcher dies too; the error record in the run directory
     still carries the exception."""
