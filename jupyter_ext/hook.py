@@ -85,6 +85,16 @@ def abandon_unstarted(shell: Any, error: BaseException) -> None:
             renderer.abandon(message)
 
 
+def interrupted_run(shell: Any) -> str | None:
+    """The name of the running cell's run that a KeyboardInterrupt cancelled, if any."""
+    cell = _cell_count(shell)
+    for _directory, renderer, count in reversed(list(_recent.values())):
+        view = getattr(renderer, "view", None)
+        if count == cell and view is not None and view.status == "cancelled":
+            return str(view.name)
+    return None
+
+
 def _cell_count(shell: Any) -> int:
     return int(getattr(shell, "execution_count", 0) or 0)
 

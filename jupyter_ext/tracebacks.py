@@ -13,8 +13,9 @@ for exceptions raised in its engines) before IPython shows it:
     run directory: /tmp/serverless-gpu-0/20261130-104651-flaky_step-6abdac49f358
 
 A rank's exception keeps its own type (``ValueError``), so IPython cannot be told by type which
-exceptions are ours: the extension installs a custom exception handler for ``Exception`` that
-adds the hook to exceptions from a run and hands every exception to IPython's usual display.
+exceptions are ours: the extension installs a custom exception handler for ``Exception`` and
+``KeyboardInterrupt`` that adds the hook to exceptions from a run (and to the interrupt that
+stopped one) and hands every exception to IPython's usual display.
 """
 
 from __future__ import annotations
@@ -34,13 +35,16 @@ from serverless_gpu.errors import (
     RemoteTraceback,
 )
 
-from .hook import abandon_unstarted
+from .hook import abandon_unstarted, interrupted_run
 
 _FRAME = re.compile(r'^(?P<indent> *)File "(?P<file>[^"]+)", line (?P<line>\d+)(?P<rest>.*)$')
 _MAGIC_CELL = re.compile(r"^<%%distributed (In\[\d+\])>$")
 _LIBRARY = str(Path(serverless_gpu.__file__).resolve().parent) + "/"
 _OURS = (_LIBRARY, str(Path(__file__).resolve().parent) + "/")
 _RED, _BOLD_RED, _DIM, _RESET = "\x1b[31m", "\x1b[1;31m", "\x1b[2m", "\x1b[0m"
+
+_HANDLED = (Exception, KeyboardInterrupt)
+"""What the extension's handler sees (IPython shows everything it does not change as usual)."""
 
 Labeler = Callable[[str], "str | None"]
 """Maps a code file name to what IPython calls it (``Cell In[3]``), or None."""
@@ -168,11 +172,11 @@ class ExceptionDisplay:
 
     def install(self) -> None:
         if tuple(getattr(self.shell, "custom_exceptions", ())) == ():
-            self.shell.set_custom_exc((Exception,), self._handle)
+            self.shell.set_custom_exc(_HANDLED, self._handle)
             self.installed = True
 
     def uninstall(self) -> None:
-        if self.installed and tuple(self.shell.custom_exceptions) == (Exception,):
+        if self.installed and tuple(self.shell.custom_exceptions) == _HANDLED:
             self.shell.set_custom_exc((), None)
         self.installed = False
 
@@ -189,11 +193,21 @@ class ExceptionDisplay:
         if tb is None or tb.tb_frame.f_code.co_name != "run_code":
             shell.showsyntaxerror()
             return
+        if isinstance(value, KeyboardInterrupt):
+            _attach_interrupt(shell, value)
         if isinstance(value, DistributedError):
             abandon_unstarted(shell, value)
         if not attach(value, self.label) and isinstance(value, DistributedError):
             tb = _user_frames(tb)  # the library's own error: the user's call is what matters
         shell.showtraceback((etype, value, tb), tb_offset=tb_offset, running_compiled_code=True)
+
+
+def _attach_interrupt(shell: Any, value: KeyboardInterrupt) -> None:
+    """The user stopped the kernel while it waited on a run: one line says what happened."""
+    name = interrupted_run(shell)
+    if name is not None:
+        line = f"{_RED}KeyboardInterrupt{_RESET}: {name} was interrupted; every rank was stopped"
+        value._render_traceback_ = lambda: [line]  # type: ignore[attr-defined]
 
 
 def _user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
