@@ -32,6 +32,7 @@ from .serialization import dump_payload, max_payload_bytes
 P = ParamSpec("P")
 R = TypeVar("R")
 DEFAULT_TIMEOUT = 10800.0
+DEFAULT_GRACE = 1.0
 _INTERRUPT_WAIT_S = 10.0
 
 
@@ -58,9 +59,10 @@ class DistributedConfig:
     max_payload_bytes: int | None = None
     """Limit on the pickled function and arguments, a positive number of bytes (default
     ~100 MB, or ``$SERVERLESS_GPU_MAX_PAYLOAD_MB``); pickling stops as soon as it is passed."""
-    grace: float = 1.0
+    grace: float = DEFAULT_GRACE
     """Seconds between SIGTERM and SIGKILL when ranks are stopped: finite, at most
-    ``settings.MAX_GRACE_S`` (60) and at most ``timeout``."""
+    ``settings.MAX_GRACE_S`` (60) and at most ``timeout`` (the default is shortened to a
+    shorter timeout)."""
     standby: bool = True
     """Prepare rank processes ahead of the call (launcher started at decoration time)."""
 
@@ -94,11 +96,18 @@ def _check_grace(grace: object, timeout: float | None) -> None:
         raise ConfigurationError(
             f"grace must be a number of seconds from 0 to {cap:g}, not {grace!r}"
         )
-    if timeout is not None and grace > timeout:
+    if timeout is not None and grace > timeout and grace != DEFAULT_GRACE:
         raise ConfigurationError(
             f"grace={grace!r} is longer than timeout={timeout!r}: a stopped rank may take up to "
             "grace seconds to end, so it must not exceed the timeout"
         )
+
+
+def _grace(config: DistributedConfig) -> float:
+    """The grace in force: never longer than the timeout."""
+    if config.timeout is None:
+        return float(config.grace)
+    return float(min(config.grace, config.timeout))
 
 
 def _check_options(config: DistributedConfig) -> None:
@@ -216,7 +225,7 @@ class DistributedFunction(Generic[P, R]):
             env=_rank_base_env(ctx),
             cwd=cwd,
             sys_path=tuple(sys.path),
-            grace=float(cfg.grace),
+            grace=_grace(cfg),
         )
         try:
             handle: RunHandle[R] = self.backend.submit(request)

@@ -102,6 +102,7 @@ def test_grace_may_not_exceed_the_timeout() -> None:
         distributed(gpus=2, grace=5, timeout=2)
     distributed(gpus=2, grace=MAX_GRACE_S, timeout=None)
     distributed(gpus=2, grace=0, timeout=1)
+    distributed(gpus=2, timeout=0.5)  # the default grace shortens to the timeout
 
 
 @pytest.mark.parametrize("not_a_function", [5, "hello", None])
