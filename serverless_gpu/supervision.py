@@ -27,27 +27,14 @@ from .events import (
     RunStatus,
 )
 from .launcher_log import log, log_exception
-from .lifetime import kill_group, signal_name
+from .lifetime import bounded_grace, kill_group, signal_name
 from .protocol import RankDone, RankSpec, Release, StartRun, ToCaller, UserCodeStarted
 from .rank_process import RankProcess
 from .rundirs import RUNS_DIR_ENV, result_paths
 
 _RELEASE_GRACE_S = 5.0
-MAX_GRACE_S = 60.0
-"""The longest wait between SIGTERM and SIGKILL, whatever grace a call asks for."""
 _DRAIN_ROUNDS = 64
 """Reads of an exited rank's channel (16 MiB each) before its last messages are given up."""
-
-
-def bounded_grace(grace: float, timeout: float | None) -> float:
-    """The wait between SIGTERM and SIGKILL: ``grace``, at most the timeout and MAX_GRACE_S, so
-    every stop ends in SIGKILL in bounded time."""
-    if not (isinstance(grace, (int, float)) and grace >= 0):
-        return 0.0  # NaN or negative: kill at once rather than guess
-    limit = MAX_GRACE_S
-    if timeout is not None and timeout > 0:
-        limit = min(limit, timeout)
-    return float(min(grace, limit))
 
 
 class RunSupervisor:

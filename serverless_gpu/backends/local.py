@@ -28,13 +28,16 @@ from ..errors import DistributedError, LauncherError
 from ..events import RunFinished, RunStatus
 from ..gpus import Placement
 from ..handle import RunHandle
-from ..lifetime import kill_group, signal_name
+from ..lifetime import bounded_grace, kill_group, signal_name
 from ..protocol import CancelRun, Exiting, Prewarm, RankGroups, RunAccepted, Shutdown, StartRun
 from ..rundirs import RUNS_DIR_ENV, drop_launcher_log, launcher_log_path, release_run
 from ..system_metrics import DEFAULT_INTERVAL_S, SystemSampler
 from .base import RunRequest
 
 _SHUTDOWN_WAIT_S = 3.0
+OVERDUE_MARGIN_S = 15.0
+"""A run still going this long after its timeout and grace means the launcher is stuck
+(stopped, or a fault of ours): the caller kills it rather than wait forever."""
 
 
 class _Gone(Exception):
@@ -81,6 +84,8 @@ class _LauncherProcess:
         self.runs: set[str] = set()
         """Runs this launcher accepted; it reports their end, or its exit fails them."""
         self.rank_groups: tuple[int, ...] = ()
+        self.killed_because = ""
+        """Why the caller killed this launcher, if it did."""
         self.stopped = False
         """Stopped by the caller (shutdown, exit): its unaccepted runs are not sent on."""
         self._on_message = on_message
@@ -153,6 +158,8 @@ class _LauncherProcess:
         except subprocess.TimeoutExpired:
             return "closed its connection"
         name = signal_name(code)
+        if self.killed_because:
+            return f"was killed because {self.killed_because}"
         return f"was killed by {name}" if name else f"exited with code {code}"
 
     def forget(self) -> None:
@@ -187,6 +194,7 @@ class LocalBackend:
         self._handles: dict[str, RunHandle[Any]] = {}
         self._samplers: dict[str, SystemSampler] = {}
         self._resent: set[str] = set()
+        self._watchdogs: dict[str, threading.Timer] = {}
         self._pid = os.getpid()
         _backends.add(self)
         atexit.register(self._shutdown_at_exit)
@@ -205,6 +213,7 @@ class LocalBackend:
         self._handles = {}
         self._samplers = {}
         self._resent = set()
+        self._watchdogs = {}
 
     def _ensure_launcher(self) -> _LauncherProcess:
         with self._lock:
@@ -220,7 +229,7 @@ class LocalBackend:
         if isinstance(event, RunFinished):
             self._handles.pop(event.run_id, None)
             self._resent.discard(event.run_id)
-            self._stop_sampler(event.run_id)
+            self._run_over(event.run_id)
 
     def _start_sampler(self, handle: RunHandle[Any]) -> None:
         ctx = handle.context
@@ -240,10 +249,38 @@ class LocalBackend:
         self._samplers[ctx.run_id] = sampler
         sampler.start()
 
-    def _stop_sampler(self, run_id: str) -> None:
+    def _run_over(self, run_id: str) -> None:
+        """Stop what watches a run from this side: its system metrics and its watchdog."""
         sampler = self._samplers.pop(run_id, None)
         if sampler is not None:
             sampler.stop()
+        watchdog = self._watchdogs.pop(run_id, None)
+        if watchdog is not None:
+            watchdog.cancel()
+
+    def _start_watchdog(self, start: StartRun) -> None:
+        if start.timeout is None:
+            return
+        after = start.timeout + bounded_grace(start.grace, start.timeout) + OVERDUE_MARGIN_S
+        watchdog = threading.Timer(after, self._overdue, (start.run_id, after))
+        watchdog.daemon = True
+        watchdog.name = "serverless-gpu-watchdog"
+        self._watchdogs[start.run_id] = watchdog
+        watchdog.start()
+
+    def _overdue(self, run_id: str, after: float) -> None:
+        """The launcher did not end a run long after its timeout: it is stuck. Killing it ends
+        its runs with this reason, its ranks by their parent-death signal and what they
+        started through their process groups."""
+        launcher = self._launcher
+        if run_id not in self._handles or launcher is None:
+            return
+        with launcher.state_lock:
+            holds = run_id in launcher.runs or run_id in launcher.unaccepted
+        if holds:
+            launcher.killed_because = f"it had not ended run {run_id} {after:g} s after it started"
+            launcher.stopped = True  # overdue already: its runs are not sent on
+            launcher.proc.kill()
 
     def _launcher_exited(self, launcher: _LauncherProcess, unaccepted: list[StartRun]) -> None:
         """The launcher ended: runs it never accepted go to a fresh one (once); runs it was
@@ -270,7 +307,7 @@ class LocalBackend:
             if handle is not None:
                 handle.push(RunFinished(run_id, RunStatus.FAILED, None, message, (), time.time()))
             self._resent.discard(run_id)
-            self._stop_sampler(run_id)
+            self._run_over(run_id)
 
     def _send_start(self, start: StartRun) -> None:
         """Hand the run to a live launcher, starting a fresh one if the current one is exiting
@@ -315,10 +352,11 @@ class LocalBackend:
             standby=bool(ctx.options.get("standby", True)),
         )
         try:
+            self._start_watchdog(start)  # before the run can end, which cancels it
             self._send_start(start)
         except BaseException:
             self._handles.pop(ctx.run_id, None)
-            self._stop_sampler(ctx.run_id)
+            self._run_over(ctx.run_id)
             payload_path.unlink(missing_ok=True)
             release_run(ctx.run_dir)
             raise

@@ -18,7 +18,7 @@ import pytest
 import serverless_gpu
 from serverless_gpu import distributed
 from serverless_gpu.errors import DistributedError
-from serverless_gpu.events import Event, RankMessage
+from serverless_gpu.events import Event, RankMessage, RankStarted
 from serverless_gpu.rundirs import RUNS_DIR_ENV
 
 WaitGone = Callable[..., set[int]]
@@ -120,3 +120,24 @@ def test_clean_exit_leaves_no_empty_launcher_log(
     assert list(runs.glob("launcher-*.log"))  # written to while the launcher runs
     serverless_gpu.shutdown()
     assert not list(runs.glob("launcher-*.log"))
+
+
+@pytest.mark.timeout(180)
+def test_a_stuck_launcher_is_killed_once_a_run_is_long_overdue(gone: WaitGone) -> None:
+    @distributed(gpus=2, timeout=2, tracking=False, output="none", standby=False)
+    def forever() -> None:
+        import time
+
+        time.sleep(600)
+
+    started: set[int] = set()
+    handle = forever.start()
+    handle.subscribe(lambda e: started.add(e.rank) if isinstance(e, RankStarted) else None)
+    while len(started) < 2:
+        assert not handle.wait(0.05), "the call ended before its ranks started"
+    (launcher,) = psutil.Process().children()
+    launcher.suspend()  # SIGSTOP: it can neither time the run out nor report anything
+    ranks = {p.pid for p in launcher.children()}
+    with pytest.raises(DistributedError, match="launcher process was killed because"):
+        handle.result(timeout=120)
+    assert not gone(ranks | {launcher.pid}, timeout=5.0)
