@@ -9,16 +9,16 @@ import signal
 import time
 from collections.abc import Callable, Container, Iterable
 
+from .settings import MAX_GRACE_S
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-
-MAX_GRACE_S = 60.0
-"""The longest wait between SIGTERM and SIGKILL, whatever grace a call asks for."""
 
 
 def bounded_grace(grace: float, timeout: float | None) -> float:
     """The wait between SIGTERM and SIGKILL: ``grace``, at most the timeout and MAX_GRACE_S, so
-    every stop ends in SIGKILL in bounded time."""
+    every stop ends in SIGKILL in bounded time. The decorator refuses other values; this holds
+    whatever reaches the launcher."""
     if not (isinstance(grace, (int, float)) and grace >= 0):
         return 0.0  # NaN or negative: kill at once rather than guess
     limit = MAX_GRACE_S
