@@ -47,12 +47,12 @@ from pathlib import Path
 
 import psutil
 
+from . import settings
 from .errors import ConfigurationError
 
-RUNS_DIR_ENV = "SERVERLESS_GPU_RUNS_DIR"
-KEEP_RUNS_ENV = "SERVERLESS_GPU_KEEP_RUNS"
-DEFAULT_KEEP_RUNS = 20
-RESULTS_DIR_ENV = "SERVERLESS_GPU_RESULTS_DIR"
+RUNS_DIR_ENV = settings.RUNS_DIR.name
+KEEP_RUNS_ENV = settings.KEEP_RUNS.name
+RESULTS_DIR_ENV = settings.RESULTS_DIR.name
 MARKER = ".serverless-gpu-run"
 """In every run directory: the lock its caller holds while the run is live, and the caller's
 pid and start time (what decides liveness where the filesystem has no ``flock``)."""
@@ -78,7 +78,7 @@ class RunsDirError(ConfigurationError):
 
 
 def runs_root() -> Path:
-    configured = os.environ.get(RUNS_DIR_ENV)
+    configured = settings.RUNS_DIR.read()
     if configured:
         return _configured_root(Path(configured), RUNS_DIR_ENV)
     root = Path(tempfile.gettempdir()) / _user_dir()
@@ -90,7 +90,7 @@ def runs_root() -> Path:
 
 def results_root() -> Path | None:
     """The root of the results twins, or None (results then stay in the run directory)."""
-    configured = os.environ.get(RESULTS_DIR_ENV)
+    configured = settings.RESULTS_DIR.read()
     if configured == "off":
         return None
     if configured:
@@ -192,7 +192,7 @@ def new_run_dir(name: str) -> tuple[str, Path, Path | None]:
         shutil.rmtree(path, ignore_errors=True)
         raise
     results = None if results_base is None else _new_twin(results_base / path.name, path)
-    prune_runs(root, keep=int(os.environ.get(KEEP_RUNS_ENV, DEFAULT_KEEP_RUNS)))
+    prune_runs(root, keep=settings.KEEP_RUNS.read())
     if results_base is not None:
         prune_orphans(results_base)
     return run_id, path, results

@@ -23,6 +23,7 @@ from hashlib import sha1
 from pathlib import Path
 from typing import BinaryIO
 
+from serverless_gpu import settings
 from serverless_gpu.data.errors import CacheFullError, VolumeReadError
 
 __all__ = ["CachePin", "LocalCache", "default_cache_dir"]
@@ -33,7 +34,7 @@ _ATTEMPTS = 5
 
 def default_cache_dir() -> Path:
     """``$SERVERLESS_GPU_CACHE_DIR`` or ``~/.cache/serverless_gpu/volumes``."""
-    env = os.environ.get("SERVERLESS_GPU_CACHE_DIR")
+    env = settings.CACHE_DIR.read()
     return Path(env) if env else Path.home() / ".cache" / "serverless_gpu" / "volumes"
 
 

@@ -91,6 +91,23 @@ def test_empty_values_mean_the_default() -> None:
     assert values["SERVERLESS_GPU_CPU_RANKS"] == 2
 
 
+def test_a_call_with_empty_variables_uses_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every reader goes through settings: an empty value passes the check and must also be
+    the default where it is used (rundirs read KEEP_RUNS with int())."""
+    for name in (
+        "SERVERLESS_GPU_KEEP_RUNS",
+        "SERVERLESS_GPU_RESULTS_DIR",
+        "SERVERLESS_GPU_CPU_RANKS",
+    ):
+        monkeypatch.setenv(name, "")
+
+    @distributed(tracking=False, output="none")
+    def rank() -> int:
+        return runtime.get_global_rank()
+
+    assert rank.distributed() == [0, 1]
+
+
 @pytest.mark.parametrize("bad", [float("inf"), math.nan, -1, MAX_GRACE_S + 1, True, "1"])
 def test_grace_is_finite_and_capped(bad: Any) -> None:
     with pytest.raises(ConfigurationError, match="grace"):
