@@ -139,7 +139,9 @@ def measure(args: argparse.Namespace) -> list[Row]:
     rows = []
 
     def stored(run_id: str) -> int:
-        return len(client.get_metric_history(run_id, "loss"))
+        # Through our tracking, rank N's points are recorded under rank_N/loss.
+        keys = ["loss"] + [f"rank_{r}/loss" for r in range(1, args.ranks)]
+        return sum(len(client.get_metric_history(run_id, key)) for key in keys)
 
     ours = distributed(gpus=args.ranks, gpu_type=gpu_type, timeout=3600)(rank_ours)
     os.environ["MLFLOW_EXPERIMENT_ID"] = experiment_id

@@ -3,7 +3,10 @@
     python -m serverless_gpu.examples.mlp --epochs 3        # all GPUs, or 2 CPU ranks
     python -m serverless_gpu.examples.mlp --fsdp --gpus 2
 
-Metrics go to MLflow with plain ``mlflow.log_metric`` calls from every rank, as in the seed.
+Metrics go to MLflow with plain ``mlflow.log_metric`` calls, following the recommended
+convention: a number that describes the whole run (here the epoch loss averaged over all ranks)
+is logged by rank 0 only; a per-rank number (the step loss of each rank's own batch) may be
+logged by every rank, and lands under ``loss`` for rank 0 and ``rank_N/loss`` for rank N.
 """
 
 from __future__ import annotations
@@ -90,13 +93,18 @@ def train(num_epochs: int, batch_size: int, fsdp: bool = False, seed: int = 0) -
             loss = loss_fn(model(xb), yb)
             loss.backward()
             optimizer.step()
-            _log_metric("loss", loss.item(), step=step)
+            _log_metric("loss", loss.item(), step=step)  # rank N's: "rank_N/loss"
             step += 1
             total += loss.item() * xb.size(0)
             count += xb.size(0)
         epoch_losses.append(total / count)
-        _log_metric("epoch_loss", epoch_losses[-1], step=epoch)
-        print(f"epoch {epoch}: mean loss {epoch_losses[-1]:.4f}")
+        # The run's number: every rank's mean, averaged over ranks, logged once (by rank 0).
+        mean = torch.tensor([epoch_losses[-1]], device=device)
+        dist.all_reduce(mean)
+        run_loss = float(mean) / dist.get_world_size()
+        if runtime.get_global_rank() == 0:
+            _log_metric("epoch_loss", run_loss, step=epoch)
+        print(f"epoch {epoch}: mean loss {epoch_losses[-1]:.4f} (all ranks: {run_loss:.4f})")
     checksum = sum(float(p.detach().float().sum()) for p in model.parameters())
     if fsdp:  # each rank holds a shard: add the shards up to compare across ranks
         total_sum = torch.tensor([checksum], device=device)

@@ -9,8 +9,9 @@ from __future__ import annotations
 from ..hooks import register_hook
 from .errors import TrackingWarning
 from .hook import tracking_hook
+from .latest import LatestMetrics
 from .ui import stop_ui, ui
 
 register_hook(tracking_hook, order=10)
 
-__all__ = ["TrackingWarning", "stop_ui", "tracking_hook", "ui"]
+__all__ = ["LatestMetrics", "TrackingWarning", "stop_ui", "tracking_hook", "ui"]

@@ -26,7 +26,9 @@ def _now_ms() -> int:
 class FastLogging:
     """The replacement functions, bound to one rank's buffer."""
 
-    def __init__(self, buffer: RankBuffer, fluent: Any, artifact_uri: str | None = None) -> None:
+    def __init__(
+        self, buffer: RankBuffer, fluent: Any, artifact_uri: str | None = None, rank: int = 0
+    ) -> None:
         from mlflow.exceptions import MlflowException
         from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
         from mlflow.tracking.metric_value_conversion_utils import (
@@ -45,6 +47,8 @@ class FastLogging:
         self._metric_names: set[str] = set()
         self._params: dict[str, str] = {}
         self._artifacts = None if artifact_uri is None else RunArtifacts(artifact_uri)
+        self._rank_prefix = f"rank_{rank}/" if rank else ""
+        self._rank_keys: dict[str, str] = {}
 
     # -- routing ----------------------------------------------------------------------------
 
@@ -96,6 +100,8 @@ class FastLogging:
         **extra: Any,
     ) -> Any:
         if not self._fast_path(synchronous, run_id, model_id, dataset, extra):
+            if self._ours(run_id):
+                key = self._rank_key(key)
             return self._original(
                 "log_metric", key, value, step=step, synchronous=synchronous,
                 timestamp=timestamp, run_id=run_id, model_id=model_id, dataset=dataset, **extra,
@@ -115,6 +121,8 @@ class FastLogging:
         **extra: Any,
     ) -> Any:
         if not self._fast_path(synchronous, run_id, model_id, dataset, extra):
+            if self._ours(run_id):
+                metrics = {self._rank_key(k): v for k, v in metrics.items()}
             return self._original(
                 "log_metrics", metrics, step=step, synchronous=synchronous, run_id=run_id,
                 timestamp=timestamp, model_id=model_id, dataset=dataset, **extra,
@@ -125,9 +133,22 @@ class FastLogging:
         return _no_wait(synchronous)
 
     def _add_metric(self, key: str, value: Any, step: Any, timestamp: int) -> None:
+        if self._rank_prefix:
+            key = self._rank_key(key)
         if type(value) is not float or key not in self._metric_names or type(step) not in _STEPS:
             value = self._checked_metric(key, value, step, timestamp)
         self.buffer.add_metric((key, value, timestamp, step or 0))
+
+    def _rank_key(self, key: str) -> str:
+        """Rank 0's metrics keep their names; rank N's go under ``rank_N/`` (unless already
+        there), so that two ranks never interleave their values under one key."""
+        if not self._rank_prefix:
+            return key
+        named = self._rank_keys.get(key)
+        if named is None:
+            named = key if key.startswith(self._rank_prefix) else self._rank_prefix + key
+            self._rank_keys[key] = named
+        return named
 
     def _checked_metric(self, key: str, value: Any, step: Any, timestamp: int) -> float:
         value = self._to_float(value)

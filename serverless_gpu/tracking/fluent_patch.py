@@ -21,14 +21,14 @@ PATCHED = (
 _MARK = "__serverless_gpu_fast__"
 
 
-def install(buffer: RankBuffer, artifact_uri: str | None = None) -> None:
+def install(buffer: RankBuffer, artifact_uri: str | None = None, rank: int = 0) -> None:
     """Replace the fluent functions in ``mlflow`` and ``mlflow.tracking.fluent`` (idempotent)."""
     import mlflow
     from mlflow.tracking import fluent
 
     if getattr(fluent.log_metric, _MARK, False):
         return
-    fast = FastLogging(buffer, fluent, artifact_uri)
+    fast = FastLogging(buffer, fluent, artifact_uri, rank)
     for name in PATCHED:
         original = getattr(fluent, name)
         fast.originals[name] = original

@@ -39,7 +39,9 @@ def _patch(buffer: RankBuffer) -> None:
     from .fluent_patch import install as install_fast_logging
 
     try:
-        install_fast_logging(buffer, os.environ.get(ARTIFACT_URI_ENV) or None)
+        install_fast_logging(
+            buffer, os.environ.get(ARTIFACT_URI_ENV) or None, runtime.get_global_rank()
+        )
     except Exception as exc:  # an MLflow we cannot patch still logs, through its slow path
         warnings.warn(
             f"serverless_gpu: fast MLflow logging is off in this rank ({exc!r})",

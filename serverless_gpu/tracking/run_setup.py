@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import mlflow
 from mlflow import MlflowClient
+from mlflow.entities import Run
 from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
@@ -39,11 +39,12 @@ def run_name(ctx: RunContext) -> str:
     return str(configured) if configured else ctx.name.rsplit(".", 1)[-1]
 
 
-def open_run(ctx: RunContext, client: MlflowClient, uri: str) -> TrackedRun:
+def open_run(ctx: RunContext, client: MlflowClient, uri: str, parent: Run | None) -> TrackedRun:
+    """``parent``: the caller's active run, looked up in the caller's thread (MLflow keeps it
+    per thread, and this may run in another one)."""
     resume_id = os.environ.get("MLFLOW_RUN_ID")
     if resume_id:
         return _resume(client, uri, resume_id)
-    parent = mlflow.active_run()
     # The owner from the start: a caller killed right after this call leaves a run to reap.
     tags = {MLFLOW_RUN_NAME: run_name(ctx), **records.owner_tags()}
     if parent is not None:

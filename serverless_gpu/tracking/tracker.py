@@ -12,6 +12,7 @@ import threading
 import warnings
 from functools import partial
 
+import mlflow
 from mlflow import MlflowClient
 
 from ..events import Event, RankMessage, RunFinished, RunStarted, SystemMetrics
@@ -75,11 +76,12 @@ def start_tracking(ctx: RunContext) -> RunTracker:
 def _open_bounded(ctx: RunContext, client: MlflowClient, uri: str) -> TrackedRun:
     """``open_run``, within a deadline for a server (one that answers its health check but not
     the API would otherwise hold the call for MLflow's minutes of retries)."""
+    parent = mlflow.active_run()
     if not store.is_http(uri):
-        return open_run(ctx, client, uri)
+        return open_run(ctx, client, uri, parent)
     timeout = env_float(START_TIMEOUT_ENV, 10.0)
     return call_with_deadline(
-        partial(open_run, ctx, client, uri),
+        partial(open_run, ctx, client, uri, parent),
         timeout,
         f"the tracking server {uri}",
         on_late=partial(_end_late_run, client),
@@ -93,8 +95,6 @@ def _end_late_run(client: MlflowClient, run: TrackedRun) -> None:
 
 
 def store_uri() -> str:
-    import mlflow
-
     return mlflow.get_tracking_uri()
 
 

@@ -13,6 +13,8 @@ import torch
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import fluent
 
+from serverless_gpu.events import RankMessage
+from serverless_gpu.tracking import LatestMetrics
 from serverless_gpu.tracking.fast_logging import FastLogging
 from serverless_gpu.tracking.rank_buffer import RankBuffer
 from serverless_gpu.tracking.settings import MESSAGE_KIND
@@ -111,3 +113,29 @@ def test_rank_initializer_patches_mlflow_when_it_is_imported() -> None:
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_other_ranks_metrics_go_under_their_rank(sent: list[dict[str, Any]]) -> None:
+    """Rank 0's metrics keep their names; rank N's go under ``rank_N/`` (one chart per rank,
+    never two ranks' values interleaved under one key)."""
+    sends: list[dict[str, Any]] = []
+    rank1 = FastLogging(
+        RankBuffer(RUN, 30.0, lambda _kind, data: sends.append(data)), fluent, rank=1
+    )
+    rank1.log_metric("loss", 0.5, step=1)
+    rank1.log_metrics({"acc": 1.0, "rank_1/own": 2.0}, step=2)
+    rank1.buffer.close()
+    assert [m[0] for m in sends[0]["metrics"]] == ["rank_1/loss", "rank_1/acc", "rank_1/own"]
+
+
+def test_latest_metrics_for_renderers() -> None:
+    latest = LatestMetrics()
+
+    def batch(rank: int, metrics: list[tuple[str, float, int, int]]) -> RankMessage:
+        data = {"metrics": metrics, "params": [], "tags": []}
+        return RankMessage("run", rank, MESSAGE_KIND, data, 0.0)
+
+    assert latest.update(batch(0, [("loss", 0.5, 1, 3), ("loss", 0.25, 2, 4)]))
+    assert not latest.update(batch(1, [("rank_1/loss", 9.0, 2, 4)]))
+    assert not latest.update(RankMessage("run", 0, "other", {}, 0.0))
+    assert latest.values == {"loss": (0.25, 4)}

@@ -84,7 +84,9 @@ def test_server_killed_mid_run_results_still_returned_with_one_warning(
     assert (logs / "rank_0.txt").exists() and (logs / "rank_1.txt").exists()
     unsent = [json.loads(line) for line in (result.run_dir / "mlflow_unsent.jsonl").open()]
     after = [m for r in unsent if r["kind"] == "batch" for m in r["data"]["metrics"]]
-    assert {m[0] for m in after} >= {"after"}
+    # A batch the writer was sending when the server died may still be in flight; the others
+    # (rank 0's "after", rank 1's "rank_1/after") are kept.
+    assert {m[0] for m in after} & {"after", "rank_1/after"}
 
 
 def test_server_down_at_start_runs_untracked_with_one_warning(
@@ -103,4 +105,5 @@ def test_server_down_at_start_runs_untracked_with_one_warning(
     assert "mlflow_run_id" not in result.metadata
     unsent = [json.loads(line) for line in (result.run_dir / "mlflow_unsent.jsonl").open()]
     losses = [m for r in unsent if r["kind"] == "batch" for m in r["data"]["metrics"]]
-    assert len([m for m in losses if m[0] == "loss"]) == 200
+    assert len([m for m in losses if m[0] == "loss"]) == 100  # rank 0's
+    assert len([m for m in losses if m[0] == "rank_1/loss"]) == 100
