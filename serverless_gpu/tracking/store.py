@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import urllib.error
 import urllib.request
 from urllib.parse import urlparse
@@ -54,3 +55,17 @@ def run_link(uri: str, experiment_id: str, run_id: str) -> str | None:
     if base is None:
         return None
     return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"
+"""Where ``mlflow ui`` serves when given no ``--port``."""
+
+
+def open_hint(uri: str, experiment_id: str, run_id: str) -> str:
+    """For a store no web UI serves yet: the run, and how to see its page from a terminal
+    (MLflow's own command) or a notebook (``ui()``)."""
+    page = f"{MLFLOW_UI_DEFAULT}/#/experiments/{experiment_id}/runs/{run_id}"
+    return (
+        f"run {run_id} in {uri}; to see it, run `mlflow ui --backend-store-uri "
+        f"{shlex.quote(uri)}` and open {page} (in Python: serverless_gpu.tracking.ui())"
+    )

@@ -42,8 +42,13 @@ def test_one_run_per_call_with_everything_recorded(
         assert "mlflow.parentRunId" not in run.data.tags
         check_run_contents(embedded, run, steps=50, function="log_and_watch_log_upload")
     out = capsys.readouterr().out
-    assert out.count(f"MLflow run {first.metadata['mlflow_run_id']}") == 1
-    assert "serverless_gpu.tracking.ui()" in out
+    run_id, experiment_id = first.metadata["mlflow_run_id"], first.metadata["mlflow_experiment_id"]
+    assert out.count(f"MLflow run {run_id}") == 1
+    # What a terminal user can run and open: MLflow's own UI command for this store, and the
+    # run's page on it.
+    uri = first.metadata["mlflow_tracking_uri"]
+    assert f"mlflow ui --backend-store-uri {uri}" in out
+    assert f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}" in out
     assert "mlflow" not in first.links  # no web UI serves the embedded store yet
 
 
