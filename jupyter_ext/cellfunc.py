@@ -12,10 +12,14 @@ to ``<dynamic-code>``, and the rank's traceback could neither name nor quote the
 from __future__ import annotations
 
 import ast
-import linecache
+import re
 import symtable
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+
+from serverless_gpu import sources
+
+_MAGIC_FILE = re.compile(r"^<%%distributed (In\[\d+\])>$")
 
 
 class EmptyCellError(ValueError):
@@ -63,7 +67,9 @@ def compile_cell(
     namespace: dict[str, Any],
 ) -> Callable[[], Any]:
     """The cell as a plain function; runs in the caller (checks) and on every rank."""
-    linecache.cache[filename] = (len(cell_text), None, cell_text.splitlines(True), filename)
+    # The cell's lines for linecache, and IPython's name for it ("Cell In[8]"), which the
+    # rank's tracebacks then use in its output and log.
+    sources.install({filename: (_label(filename), cell_text.splitlines(True))})
     # A fresh namespace named __main__, holding only the names the cell reads.
     module_globals: dict[str, Any] = {"__name__": "__main__", **namespace}
     module = _function_module(_parse(body, filename, first_line), name)
@@ -71,6 +77,11 @@ def compile_cell(
     exec(code, module_globals)
     function: Callable[[], Any] = module_globals[name]
     return function
+
+
+def _label(filename: str) -> str | None:
+    magic = _MAGIC_FILE.match(filename)
+    return f"Cell {magic.group(1)}" if magic else None
 
 
 def build_cell_function(

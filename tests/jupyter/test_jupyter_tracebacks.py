@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
@@ -54,8 +55,6 @@ def _error_text(shell: InteractiveShell, cell: str, capsys: pytest.CaptureFixtur
 
 
 def _last_run_dir(runs: object) -> str:
-    from pathlib import Path
-
     assert isinstance(runs, Path)
     return str(max(runs.iterdir(), key=lambda p: p.stat().st_mtime))
 
@@ -89,6 +88,10 @@ def test_a_failing_magic_cell_quotes_its_line_as_ipython_does(
     assert lines[frame + 1].strip() == "raise IndexError(f'oops {x}')"
     assert lines[-1] == f"run directory: {_last_run_dir(cpu_mode)}", text
     assert not [word for word in INTERNAL if word in text], text
+    # The rank itself names the cell so too: in its output (the rank's tab) and its log.
+    root = lines[0].split()[1]  # both ranks raise; the first to fail is reported
+    log = (Path(_last_run_dir(cpu_mode)) / "logs" / f"rank_{root}.txt").read_text()
+    assert f"  Cell In[{number}], line 3, in cell_{number}\n" in log, log
 
 
 @pytest.mark.timeout(120)
@@ -140,8 +143,6 @@ def test_cells_are_named_and_quoted_as_ipython_does(shell: InteractiveShell) -> 
 
 
 def _library_dir() -> str:
-    from pathlib import Path
-
     import serverless_gpu
 
     return str(Path(serverless_gpu.__file__).resolve().parent) + "/"
