@@ -18,6 +18,7 @@ from .formatting import (
     status_words,
     summary_rows,
 )
+from .metrics import metrics_text
 from .runstate import RankView, RunView
 
 STATE_COLORS = {
@@ -67,7 +68,7 @@ def header_html(view: RunView, now: float | None = None, note: str = "") -> str:
     if view.links:
         parts.append(_links(view))
     second = [html.escape(rank_counts(view))]
-    metrics = view.metrics.text()
+    metrics = metrics_text(view.metrics)
     if metrics:
         second.append(f'<span class="sgpu-metrics">{html.escape(metrics)}</span>')
     progress = view.progress_line()
@@ -151,7 +152,7 @@ def record_html(view: RunView, tail: int = RECORD_TAIL) -> str:
 
 
 def _metrics(view: RunView) -> str:
-    text = view.metrics.text()
+    text = metrics_text(view.metrics)
     return f' &middot; <span class="sgpu-metrics">{html.escape(text)}</span>' if text else ""
 
 

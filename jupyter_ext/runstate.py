@@ -17,14 +17,15 @@ from serverless_gpu.events import (
     Event,
     OutputLines,
     RankFinished,
+    RankMessage,
     RankStarted,
     RunFinished,
     RunStarted,
 )
 from serverless_gpu.hooks import RunContext
+from serverless_gpu.tracking import LatestMetrics
 
 from . import progress
-from .metrics import LatestMetrics
 
 MAX_LINES_ENV = "SERVERLESS_GPU_WIDGET_LINES"
 DEFAULT_MAX_LINES = 200
@@ -144,7 +145,7 @@ class RunView:
             self._rank_finished(event)
         elif isinstance(event, RunFinished):
             self._run_finished(event)
-        elif not self.metrics.apply(event):
+        elif not (isinstance(event, RankMessage) and self.metrics.update(event)):
             return False
         self.version += 1
         return True
