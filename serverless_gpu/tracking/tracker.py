@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 
 from ..events import Event, RankMessage, RunFinished, RunStarted, SystemMetrics
 from ..hooks import RunContext
-from . import records, store
+from . import private, records, store
 from .deadline import call_with_deadline
 from .errors import TrackingUnavailableError, TrackingWarning
 from .experiment import mark_training_experiment
@@ -49,6 +49,7 @@ def start_tracking(ctx: RunContext) -> RunTracker:
     try:
         if not store.reachable(uri):
             raise TrackingUnavailableError(f"the tracking server {uri} does not answer")
+        private.create_private_store(uri)
         client = MlflowClient(uri)
         run = _open_bounded(ctx, client, uri)
     except Exception as exc:  # whatever the store raised, the training must still run
@@ -67,6 +68,7 @@ def start_tracking(ctx: RunContext) -> RunTracker:
         ctx.metadata["mlflow_run_url"] = link
     upload_every = env_float(LOG_UPLOAD_INTERVAL_ENV, 60.0)
     writer = Writer(client, run.run_id, ctx.run_dir / "logs", spill, upload_every, run.params)
+    writer.private_artifacts = private.local_path(run.artifact_uri)
     writer.setup(records.run_params(ctx), records.run_tags(ctx))
     writer.run_later(partial(mark_training_experiment, client, run.experiment_id))
     writer.run_later(partial(end_orphaned_runs, client))

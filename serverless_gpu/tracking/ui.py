@@ -11,6 +11,7 @@ import atexit
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -20,9 +21,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from . import store
+import psutil
+
+from . import private, store
 
 _START_TIMEOUT_S = 120.0
+_LOG_PREFIX = "serverless-gpu-mlflow-ui-"
+"""``<tmp>/serverless-gpu-mlflow-ui-<pid>.log``: the server's output, one file per process."""
 _STOP_GRACE_S = 5.0
 
 
@@ -87,11 +92,35 @@ def _terminate(server: _Server) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     server.proc.wait()
+    _remove_if_empty(server.log)
+
+
+def _prune_logs(folder: Path) -> None:
+    """The UI logs of processes that are gone (ours only; a live process's log stays)."""
+    for path in folder.glob(f"{_LOG_PREFIX}*.log"):
+        pid = path.name.removeprefix(_LOG_PREFIX).removesuffix(".log")
+        try:
+            info = path.lstat()
+            if not pid.isdigit() or info.st_uid != os.getuid() or not stat.S_ISREG(info.st_mode):
+                continue
+            if not psutil.pid_exists(int(pid)):
+                path.unlink()
+        except OSError:
+            continue
+
+
+def _remove_if_empty(log: Path) -> None:
+    try:
+        if log.stat().st_size == 0:
+            log.unlink()
+    except OSError:
+        pass
 
 
 def _start(uri: str, port: int) -> _Server:
     address = f"http://127.0.0.1:{port}"
-    log = Path(tempfile.gettempdir()) / f"serverless-gpu-mlflow-ui-{os.getpid()}.log"
+    log = Path(tempfile.gettempdir()) / f"{_LOG_PREFIX}{os.getpid()}.log"
+    _prune_logs(log.parent)
     env = dict(os.environ)
     # A viewer needs no background job runner (it would start a dozen more processes).
     env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
@@ -101,10 +130,12 @@ def _start(uri: str, port: int) -> _Server:
         # Experiments the server creates (the default one, in a new store) keep their artifacts
         # where this process's own MLflow client puts them: with the server's proxied
         # "mlflow-artifacts:" default, runs logged from here could not store a single file.
-        "--default-artifact-root", client_artifact_root(),
+        "--default-artifact-root", private.client_artifact_root(),
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
     ]  # fmt: skip
-    with open(log, "ab") as out:
+    with open(
+        os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "ab"
+    ) as out:
         proc = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
@@ -120,16 +151,6 @@ def _start(uri: str, port: int) -> _Server:
         _terminate(server)
         raise
     return server
-
-
-def client_artifact_root() -> str:
-    """Where an MLflow client in this process puts the artifacts of a database store it creates."""
-    from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
-    from mlflow.utils.uri import resolve_uri_if_local
-
-    # The variable MLflow's own store factory reads before falling back to ./mlruns.
-    root = os.environ.get("_MLFLOW_SERVER_ARTIFACT_ROOT", DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH)
-    return str(resolve_uri_if_local(root))
 
 
 def _wait_until_up(server: _Server) -> None:

@@ -23,6 +23,7 @@ def main(argv: list[str]) -> int:
     if os.getpgid(0) != os.getpid():
         os.setsid()  # the group it kills at the end must be its own
     signal.signal(signal.SIGTERM, lambda *_: _stop_group(None))
+    os.umask(0o077)  # a store or artifacts the server creates are the user's alone
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
     while child.poll() is None:
         ready, _, _ = select.select([sys.stdin.fileno()], [], [], _POLL_S)

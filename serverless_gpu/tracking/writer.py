@@ -21,6 +21,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
+from . import private
 from .spill import Spill
 
 _MERGE_METRICS = 5000
@@ -60,6 +61,8 @@ class Writer:
         self.spill = spill
         self.failure: BaseException | None = None
         """The store error that stopped tracking for this run, if any."""
+        self.private_artifacts: Path | None = None
+        """The run's artifact folder when it is on this machine: uploaded logs are made private."""
         self.conflicts: list[str] = []
         """Params that ranks logged with a value other than the one already recorded."""
         self._upload_every = upload_every
@@ -227,6 +230,8 @@ class Writer:
     def _upload_logs(self) -> None:
         for path in sorted(self.logs_dir.glob("rank_*.txt")):
             self.client.log_artifact(self.run_id, str(path), "logs")
+            if self.private_artifacts is not None:
+                private.make_private(self.private_artifacts / "logs" / path.name)
 
     # -- failure --------------------------------------------------------------------------------
 

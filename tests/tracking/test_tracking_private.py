@@ -1,0 +1,56 @@
+"""What tracking writes stays private to the user: a store it creates, the artifacts it uploads,
+and the MLflow UI's log files (pruned when their process is gone)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import tracking_fns
+from mlflow import MlflowClient
+
+from serverless_gpu import distributed
+from serverless_gpu.tracking import stop_ui, ui
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_store_tracking_creates_and_the_logs_it_uploads_are_private(tmp_path: Path) -> None:
+    assert not (tmp_path / "mlflow.db").exists()
+    result = distributed(gpus=2, gpu_type="cpu", timeout=300)(tracking_fns.no_mlflow).distributed()
+    assert _mode(tmp_path / "mlflow.db") == 0o600
+    assert _mode(tmp_path / "mlruns") == 0o700
+    run = MlflowClient().get_run(result.metadata["mlflow_run_id"])
+    artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
+    for name in ("rank_0.txt", "rank_1.txt"):
+        assert _mode(artifacts / "logs" / name) == 0o600
+
+
+def test_ui_logs_of_gone_processes_are_pruned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logs = tmp_path / "tmp"
+    logs.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(logs))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    stale = logs / f"serverless-gpu-mlflow-ui-{int(gone.stdout)}.log"
+    live = logs / f"serverless-gpu-mlflow-ui-{os.getppid()}.log"
+    other = logs / "serverless-gpu-mlflow-ui-notes.log"
+    for path in (stale, live, other):
+        path.write_text("x\n")
+    ui()
+    try:
+        assert not stale.exists()
+        assert live.exists() and other.exists()
+        own = logs / f"serverless-gpu-mlflow-ui-{os.getpid()}.log"
+        assert _mode(own) == 0o600
+    finally:
+        stop_ui()
