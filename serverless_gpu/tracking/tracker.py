@@ -7,9 +7,12 @@ FAILED, with the root cause as a tag; cancelled or interrupted -> KILLED.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from functools import partial
 
 import mlflow
@@ -50,8 +53,9 @@ def start_tracking(ctx: RunContext) -> RunTracker:
         if not store.reachable(uri):
             raise TrackingUnavailableError(f"the tracking server {uri} does not answer")
         private.create_private_store(uri)
-        client = MlflowClient(uri)
-        run = _open_bounded(ctx, client, uri)
+        with _quiet_store_setup():  # MlflowClient creates a new store
+            client = MlflowClient(uri)
+            run = _open_bounded(ctx, client, uri)
     except Exception as exc:  # whatever the store raised, the training must still run
         # Ranks keep logging fast, into the run directory instead of a store that hangs them.
         ctx.env[RUN_ID_ENV] = ""
@@ -88,6 +92,19 @@ def _open_bounded(ctx: RunContext, client: MlflowClient, uri: str) -> TrackedRun
         f"the tracking server {uri}",
         on_late=partial(_end_late_run, client),
     )
+
+
+@contextlib.contextmanager
+def _quiet_store_setup() -> Iterator[None]:
+    """MLflow logs "Creating initial MLflow database tables..." at INFO when the first call
+    creates a store; it is not news for the user of a tracked call."""
+    logger = logging.getLogger("mlflow.store.db.utils")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _end_late_run(client: MlflowClient, run: TrackedRun) -> None:
