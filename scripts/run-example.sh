@@ -7,11 +7,18 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-# On a GPU machine that already has a CUDA torch in this venv, pass SKIP_TORCH_PIN=1.
-if [ "${SKIP_TORCH_PIN:-0}" = 1 ]; then
-  .venv/bin/python -m pip install -q -e '.[tracking]'
-else
-  .venv/bin/python -m pip install -q -c constraints-ci.txt -e '.[tracking]'
+# Install only when what the install depends on changed since the last one (pip takes ~10 s
+# even when there is nothing to do).
+stamp=.venv/.run-example-installed
+want="$(cat pyproject.toml constraints-ci.txt | sha256sum | cut -d' ' -f1) ${SKIP_TORCH_PIN:-0}"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  # On a GPU machine that already has a CUDA torch in this venv, pass SKIP_TORCH_PIN=1.
+  if [ "${SKIP_TORCH_PIN:-0}" = 1 ]; then
+    .venv/bin/python -m pip install -q -e '.[tracking]'
+  else
+    .venv/bin/python -m pip install -q -c constraints-ci.txt -e '.[tracking]'
+  fi
+  echo "$want" > "$stamp"
 fi
 exec .venv/bin/python -m serverless_gpu.examples.mlp "$@"

@@ -21,4 +21,17 @@ fi
 for dir in tests/conftest.py tests/data tests/jupyter tests/tracking tests/trainers tests/benchmarks; do
   .venv/bin/mypy "$dir"
 done
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+
+# Tests write only to temporary folders: the suite must leave every tracked file as it found it
+# (a screenshot is refreshed by its own command, never by the tests).
+tracked_state() { git diff HEAD --binary 2>/dev/null | sha256sum; }
+before=$(tracked_state)
+status=0
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?
+if [ "$(tracked_state)" != "$before" ]; then
+  echo "scripts/test.sh: the test suite changed tracked files:" >&2
+  git status --short --untracked-files=no >&2
+  # Elsewhere other work may be editing the same tree at the same time; in CI it is the suite.
+  if [ "${CI:-}" = true ] && [ "$status" = 0 ]; then status=1; fi
+fi
+exit "$status"
