@@ -27,6 +27,9 @@ from .spill import Spill
 _MERGE_METRICS = 5000
 """Queued batches are merged into one write up to this many points."""
 _WAIT_SLICE_S = 2.0
+STALL_S = 30.0
+"""At the end of a call, how long one request to a server may go unanswered before the rest
+goes to the run directory (a server that answers its health check may still hang on the API)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class Writer:
         self._system_step = 0
         self._queue: queue.SimpleQueue[_Op] = queue.SimpleQueue()
         self._pending: _Op | None = None
+        self._busy_since: float | None = None
+        """When the request in flight started (None: none is)."""
         self._lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._loop, name="serverless-gpu-mlflow", daemon=True
@@ -97,11 +102,18 @@ class Writer:
         self._queue.put(_STOP)
 
     def wait(self, still_reachable: Callable[[], bool] | None) -> None:
-        """Until everything is written, or until the store stops answering."""
+        """Until everything is written, or until a server stops answering: its health check,
+        or one request for ``STALL_S`` (it may answer ``/health`` and hang on the API)."""
         while self._thread.is_alive():
             self._thread.join(_WAIT_SLICE_S)
-            if self._thread.is_alive() and still_reachable and not still_reachable():
+            if not self._thread.is_alive() or still_reachable is None:
+                continue
+            if not still_reachable():
                 self.give_up(ConnectionError("the tracking server stopped answering"))
+                return
+            busy_since = self._busy_since
+            if busy_since is not None and time.monotonic() - busy_since > STALL_S:
+                self.give_up(TimeoutError(f"the tracking server did not answer in {STALL_S:g} s"))
                 return
 
     def give_up(self, reason: BaseException) -> None:
@@ -125,7 +137,9 @@ class Writer:
                 return
             if op is _LOGS:
                 next_upload = time.monotonic() + self._upload_every
+            self._busy_since = time.monotonic()
             self._apply(op)
+            self._busy_since = None
 
     def _next(self, timeout: float | None) -> _Op:
         if self._pending is not None:

@@ -4,12 +4,15 @@ untracked, with one warning, instead of waiting for MLflow's retries."""
 from __future__ import annotations
 
 import threading
+import urllib.error
+import urllib.request
 import warnings
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import tracking_fns
+from tracking_checks import Server
 
 from serverless_gpu import distributed
 from serverless_gpu.tracking import TrackingWarning
@@ -81,3 +84,68 @@ def test_a_server_that_hangs_on_api_calls_does_not_block_the_call(
     # What the ranks logged is kept in the run directory, in the file the warning names.
     unsent = result.run_dir / "mlflow_unsent.jsonl"
     assert str(unsent) in text and unsent.exists()
+
+
+class _HangingWrites(BaseHTTPRequestHandler):
+    """Forwards to a real MLflow server, except that writes of metrics never get an answer."""
+
+    upstream = ""
+    release = threading.Event()
+
+    def do_GET(self) -> None:
+        self._forward(None)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if "log-batch" in self.path:
+            self.release.wait(_HANG_LIMIT_S)
+            self._answer(503, b"released")
+            return
+        self._forward(body)
+
+    def _forward(self, body: bytes | None) -> None:
+        request = urllib.request.Request(
+            self.upstream + self.path, data=body, method=self.command,
+            headers={"Content-Type": self.headers.get("Content-Type", "application/json")},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                self._answer(response.status, response.read())
+        except urllib.error.HTTPError as exc:
+            self._answer(exc.code, exc.read())
+
+    def _answer(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.timeout(200)
+def test_a_server_that_stops_answering_writes_does_not_hold_the_end_of_the_call(
+    mlflow_server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Handler(_HangingWrites):
+        upstream = mlflow_server.url
+        release = threading.Event()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{server.server_address[1]}")
+        fn = distributed(gpus=2, gpu_type="cpu", timeout=60)(tracking_fns.log_points)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = fn.distributed(5)
+        assert len(result) == 2
+        ours = [str(w.message) for w in caught if issubclass(w.category, TrackingWarning)]
+        assert len(ours) == 1 and "tracking stopped" in ours[0], ours
+    finally:
+        Handler.release.set()
+        server.shutdown()
+        server.server_close()
