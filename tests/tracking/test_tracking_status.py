@@ -59,7 +59,8 @@ def test_failed_status_carries_the_root_cause(
     for run in runs:  # the logs of a failed run are there too
         logs = {a.path for a in embedded.list_artifacts(run.info.run_id, "logs")}
         assert logs == {"logs/rank_0.txt", "logs/rank_1.txt"}
-    assert "before_failure" in runs[0].data.metrics
+    # Rank 1's point at least (rank 0, stopped in its sleep, may lose its last second).
+    assert "rank_1/before_failure" in runs[0].data.metrics
 
 
 def test_cancel_marks_the_run_killed(embedded: MlflowClient, tmp_path: Path) -> None:
