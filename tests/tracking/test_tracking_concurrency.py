@@ -31,5 +31,6 @@ def test_eight_ranks_thousand_points_each(embedded: MlflowClient) -> None:
             (s, float(rank * 1_000_000 + s)) for s in range(POINTS)
         ]
     assert all(run.data.tags[f"from_rank_{r}"] == "yes" for r in range(RANKS))
-    # The fast path is a few microseconds; the median is robust to a rank descheduled on 2 cores.
-    assert statistics.median(per_call_ms) < 0.05, per_call_ms
+    # Not a speed claim (benchmarks/mlflow_logging.py measures that): a call that went to the
+    # store would take milliseconds; the median is robust to a rank descheduled on 2 cores.
+    assert statistics.median(per_call_ms) < 1.0, per_call_ms

@@ -78,14 +78,16 @@ def test_calls_for_another_run_are_not_buffered(fast: FastLogging) -> None:
     assert not fast._ours(None)
 
 
-def test_a_call_costs_microseconds(fast: FastLogging) -> None:
+def test_a_call_does_not_wait_on_the_store(fast: FastLogging) -> None:
     fast.log_metric("loss", 0.0, step=0)
     n = 20000
     start = time.perf_counter()
     for step in range(n):
         fast.log_metric("loss", 0.5, step=step)
     per_call_ms = (time.perf_counter() - start) / n * 1e3
-    assert per_call_ms < 0.05
+    # Not a speed claim (benchmarks/mlflow_logging.py measures that): a call that reached the
+    # store would take milliseconds.
+    assert per_call_ms < 1.0
     fast.buffer.close()
 
 

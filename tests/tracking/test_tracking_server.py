@@ -100,7 +100,9 @@ def test_server_down_at_start_runs_untracked_with_one_warning(
     with pytest.warns(TrackingWarning, match="not tracked") as caught:
         result = fn.distributed(100)
 
-    assert len(result) == 2 and max(result) < 0.05  # ranks logged fast, never hung on retries
+    # Not a speed claim (benchmarks/mlflow_logging.py measures that): a rank waiting on the
+    # server's retries would spend seconds per call, far over this bound.
+    assert len(result) == 2 and max(result) < 5.0
     assert len([w for w in caught if issubclass(w.category, TrackingWarning)]) == 1
     assert "mlflow_run_id" not in result.metadata
     unsent = [json.loads(line) for line in (result.run_dir / "mlflow_unsent.jsonl").open()]
