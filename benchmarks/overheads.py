@@ -34,6 +34,8 @@ from typing import Any
 import _common as C
 import _jobs
 
+from serverless_gpu.proctitle import is_launcher
+
 RESULTS_DIR_ENV = "SERVERLESS_GPU_RESULTS_DIR"
 GONE_LIMIT_S = 30.0
 MEMORY_SLACK_MIB = 256.0
@@ -470,9 +472,7 @@ def flood_once(c: Caller, fn: Any, lines: int) -> dict[str, float]:
 
     time.sleep(c.settle)
     caller = psutil.Process()
-    launcher = next(
-        p for p in caller.children() if "serverless_gpu.launcher" in " ".join(p.cmdline())
-    )
+    launcher = next(p for p in caller.children() if is_launcher(p.cmdline()))
     cpu0 = (sum(caller.cpu_times()[:2]), sum(launcher.cpu_times()[:2]))
     _, t_back, results = C.timed(lambda: fn.distributed(lines))
     worst = max(results, key=lambda r: r["captured"] / r["file"])

@@ -7,7 +7,7 @@ PYTHON=${PYTHON:-python3}
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-# constraints-ci.txt pins the CPU build of torch for tests; users keep their own CUDA torch.
+# constraints-ci.txt pins the torch version the tests run with (which build pip picks: README).
 .venv/bin/python -m pip install -q -c constraints-ci.txt -e '.[dev]'
 
 if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then

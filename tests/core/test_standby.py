@@ -8,13 +8,14 @@ import psutil
 
 import serverless_gpu
 from serverless_gpu import distributed
+from serverless_gpu.proctitle import is_launcher
 
 
 def _launcher() -> psutil.Process:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         for proc in psutil.Process().children():
-            if "serverless_gpu.launcher" in proc.cmdline():
+            if is_launcher(proc.cmdline()):
                 return proc
         time.sleep(0.05)
     raise AssertionError("no launcher process started")
