@@ -4,8 +4,9 @@ bit for bit (on a GPU: a CUDA tensor is copied from the device straight into the
     python scripts/dtype_roundtrip_check.py --device cuda
 
 Prints one PASS/FAIL line per dtype and writer; a dtype that torch.save itself cannot write, or
-that cannot be made on the device, is listed as skipped. Each dtype is checked in a process of
-its own (torch aborts the process for some dtypes on some devices). Exit code 1 on any failure.
+that cannot be made on the device, is listed as skipped. The dtypes are checked in a child process
+that is started again after the dtype it died on (torch aborts the process for some dtypes on some
+devices). Exit code 1 on any failure.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from _checks import FAILURES, check, summary
 
+_STARTED = "started "
 _MADE = "made "
 
 QUANTIZED_NAMES = ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
@@ -89,45 +91,52 @@ def _check_dtype(torch: Any, dtype: Any, device: str, folder: Path) -> None:
         check(f"{dtype} on {device} via {name}", not problem, problem)
 
 
-def _isolated(dtype: str, device: str) -> None:
-    """Check one dtype in a child process: torch itself aborts the process for some dtypes on
-    some devices, and that must cost one line, not the rest of the check."""
+def _in_children(names: list[str], device: str) -> None:
+    """Check the dtypes in child processes, one child until it dies: torch itself aborts the
+    process for some dtypes on some devices, and that must cost one line, not the rest."""
     script = str(Path(__file__).resolve())
-    child = subprocess.run(
-        [sys.executable, script, "--device", device, "--only", dtype],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    out = child.stdout
-    for line in out.splitlines():
-        if line.startswith(("PASS", "FAIL", "skip")):
-            print(line)
-        if line.startswith("FAIL"):
-            FAILURES.append(line)
-    if child.returncode < 0:
+    while names:
+        child = subprocess.run(
+            [sys.executable, script, "--device", device, "--child", *names],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        started = made = None
+        for line in child.stdout.splitlines():
+            if line.startswith(_STARTED):
+                started = line.removeprefix(_STARTED)
+            elif line.startswith(_MADE):
+                made = line.removeprefix(_MADE)
+            elif line.startswith(("PASS", "FAIL", "skip")):
+                print(line, flush=True)
+                if line.startswith("FAIL"):
+                    FAILURES.append(line)
+        if child.returncode >= 0 or started is None:
+            return
         tail = (child.stderr.strip().splitlines() or [""])[-1][:100]
-        if _MADE + dtype in out:
-            check(f"{dtype} on {device}", False, f"the process died ({tail}) writing or reading it")
+        if made == started:
+            check(f"{started} on {device}", False, f"the process died ({tail}) writing or reading")
         else:  # before any of our code ran: torch cannot make this tensor here
-            print(f"skip  {dtype}: torch aborts making it on {device} ({tail})")
+            print(f"skip  {started}: torch aborts making it on {device} ({tail})", flush=True)
+        names = names[names.index(started) + 1 :]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-    parser.add_argument("--only", help="one dtype, checked in this process (e.g. torch.qint8)")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     import torch
 
     dtypes = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
-    if args.only is None:
-        for dtype in dtypes:
-            _isolated(str(dtype), args.device)
+    if args.child is None:
+        _in_children([str(d) for d in dtypes], args.device)
         return summary()
     with tempfile.TemporaryDirectory() as folder:
         for dtype in dtypes:
-            if str(dtype) == args.only:
+            if str(dtype) in args.child:
+                print(f"{_STARTED}{dtype}", flush=True)
                 _check_dtype(torch, dtype, args.device, Path(folder))
     return summary()
 
