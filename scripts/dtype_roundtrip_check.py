@@ -22,6 +22,7 @@ from typing import Any
 from _checks import FAILURES, check, summary
 
 _STARTED = "started "
+_DONE = "every dtype checked"
 _MADE = "made "
 
 QUANTIZED_NAMES = ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
@@ -112,7 +113,9 @@ def _in_children(names: list[str], device: str) -> None:
                 print(line, flush=True)
                 if line.startswith("FAIL"):
                     FAILURES.append(line)
-        if child.returncode >= 0 or started is None:
+        # A child that did not print its last line died: the return code alone does not say so
+        # where the interpreter is started through a wrapper (abort() then reads as 134).
+        if _DONE in child.stdout.splitlines() or started is None:
             return
         tail = (child.stderr.strip().splitlines() or [""])[-1][:100]
         if made == started:
@@ -138,6 +141,7 @@ def main() -> int:
             if str(dtype) in args.child:
                 print(f"{_STARTED}{dtype}", flush=True)
                 _check_dtype(torch, dtype, args.device, Path(folder))
+    print(_DONE, flush=True)
     return summary()
 
 
