@@ -69,11 +69,11 @@ def _check_dtype(torch: Any, dtype: Any, device: str, folder: Path) -> None:
     try:
         base = _sample(torch, dtype, device)
         torch.save(base.cpu(), io.BytesIO())
-    except Exception as exc:  # no such tensor on this device, or torch.save has no code for it
+        view = base[3:80:2]  # a strided view with an offset into a shared storage
+    except Exception as exc:  # no such tensor (or view) on this device, or torch.save cannot
         print(f"skip  {dtype}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
         return
     print(f"{_MADE}{dtype}", flush=True)
-    view = base[3:80:2]
     writers = {
         "mapped": lambda obj, path: tensor_file.dump(obj, path, torch, mapped=True),
         "write": lambda obj, path: tensor_file.dump(obj, path, torch, mapped=False),
