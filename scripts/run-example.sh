@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# setuptools announces every editable install with a warning there is nothing to do about.
+editable_install() { PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q "$@"; }
 # Install only when what the install depends on changed since the last one (pip takes ~10 s
 # even when there is nothing to do).
 stamp=.venv/.run-example-installed
@@ -15,9 +17,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # On a GPU machine that already has a CUDA torch in this venv, pass SKIP_TORCH_PIN=1.
   if [ "${SKIP_TORCH_PIN:-0}" = 1 ]; then
-    .venv/bin/python -m pip install -q -e '.[tracking]'
+    editable_install -e '.[tracking]'
   else
-    .venv/bin/python -m pip install -q -c constraints-ci.txt -e '.[tracking]'
+    editable_install -c constraints-ci.txt -e '.[tracking]'
   fi
   echo "$want" > "$stamp"
 fi
