@@ -8,9 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
 from jupyter_helpers import Kernel, KernelFactory, children, wait_gone, write_ipython_profile
 
 import serverless_gpu
+from jupyter_ext import lifecycle
 from serverless_gpu import hooks, tracking
 
 LEFTOVER_GRACE_S = 5.0
@@ -78,3 +80,15 @@ def make_kernel(tmp_path: Path) -> Iterator[KernelFactory]:
 def kernel(make_kernel: KernelFactory) -> Kernel:
     """A real ipykernel with the extension loaded and the test environment."""
     return make_kernel()
+
+
+@pytest.fixture
+def shell() -> Iterator[InteractiveShell]:
+    """A real in-process IPython shell; the extension is unloaded and the shell cleared after."""
+    ip = InteractiveShell.instance()
+    try:
+        yield ip
+    finally:
+        if lifecycle.is_loaded():
+            ip.run_line_magic("unload_ext", "jupyter_ext")
+        InteractiveShell.clear_instance()

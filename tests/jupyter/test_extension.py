@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_ext import lifecycle
 from jupyter_ext.hook import render_run
 from serverless_gpu import hooks
-
-
-@pytest.fixture
-def shell() -> Iterator[InteractiveShell]:
-    ip = InteractiveShell.instance()
-    try:
-        yield ip
-    finally:
-        if lifecycle.is_loaded():
-            ip.run_line_magic("unload_ext", "jupyter_ext")
-        InteractiveShell.clear_instance()
 
 
 def _hook_count() -> int:

@@ -3,28 +3,20 @@ cell's value."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from jupyter_helpers import ANSI, run_dirs
 
-from jupyter_ext import lifecycle
-
 INTERNAL = ("cellfunc.py", "magics.py", "interactiveshell.py", "run_cell_magic", "Traceback")
 
 
 @pytest.fixture
-def shell() -> Iterator[InteractiveShell]:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "jupyter_ext")
-    try:
-        yield ip
-    finally:
-        if lifecycle.is_loaded():
-            ip.run_line_magic("unload_ext", "jupyter_ext")
-        InteractiveShell.clear_instance()
+def shell(shell: InteractiveShell) -> InteractiveShell:
+    """conftest's shell, with the extension loaded."""
+    shell.run_line_magic("load_ext", "jupyter_ext")
+    return shell
 
 
 def _run(shell: InteractiveShell, cell: str, capsys: pytest.CaptureFixture[str]) -> str:

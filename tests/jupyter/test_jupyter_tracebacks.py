@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from jupyter_helpers import ANSI
 
-from jupyter_ext import lifecycle
 from jupyter_ext.tracebacks import clean_traceback, ipython_labeler
 from serverless_gpu import hooks
 from serverless_gpu.errors import LauncherError
@@ -33,15 +31,10 @@ FLAKY = (
 
 
 @pytest.fixture
-def shell() -> Iterator[InteractiveShell]:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "jupyter_ext")
-    try:
-        yield ip
-    finally:
-        if lifecycle.is_loaded():
-            ip.run_line_magic("unload_ext", "jupyter_ext")
-        InteractiveShell.clear_instance()
+def shell(shell: InteractiveShell) -> InteractiveShell:
+    """conftest's shell, with the extension loaded."""
+    shell.run_line_magic("load_ext", "jupyter_ext")
+    return shell
 
 
 def _error_text(shell: InteractiveShell, cell: str, capsys: pytest.CaptureFixture[str]) -> str:
