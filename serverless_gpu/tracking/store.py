@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shlex
 import urllib.error
 import urllib.request
@@ -36,11 +38,17 @@ def reachable(uri: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
         return True
 
 
-def ui_address(uri: str) -> str | None:
-    """The web UI showing this store: the server itself, or the one ``ui()`` started."""
+def ui_address(uri: str) -> str:
+    """The web UI showing this store: the server itself, the one ``ui()`` started or found, or
+    else where ``ui()`` will serve it (its stable port), so a link made now works later."""
     if is_http(uri):
         return uri.rstrip("/")
-    return _ui_addresses.get(uri)
+    return _ui_addresses.get(uri) or f"http://127.0.0.1:{ui_ports(uri)[0]}"
+
+
+def ui_served(uri: str) -> bool:
+    """Whether a web UI is known to serve this store now (a server, or ``ui()``'s)."""
+    return is_http(uri) or uri in _ui_addresses
 
 
 def set_ui_address(uri: str, address: str | None) -> None:
@@ -50,22 +58,47 @@ def set_ui_address(uri: str, address: str | None) -> None:
         _ui_addresses[uri] = address
 
 
-def run_link(uri: str, experiment_id: str, run_id: str) -> str | None:
-    base = ui_address(uri)
-    if base is None:
-        return None
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+UI_PORT_RANGE = range(5100, 5900)
+UI_PORT_TRIES = 5
 
 
-MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"
-"""Where ``mlflow ui`` serves when given no ``--port``."""
+def ui_ports(uri: str) -> list[int]:
+    """The ports ``ui()`` tries for this store, stable one first: the same in every process and
+    after a kernel restart, so a saved link works whenever a UI serves the store. The next few
+    ports follow in case the first is taken by something else."""
+    digest = hashlib.sha256(_canonical(uri).encode()).digest()
+    first = int.from_bytes(digest[:4], "big") % len(UI_PORT_RANGE)
+    return [UI_PORT_RANGE[(first + k) % len(UI_PORT_RANGE)] for k in range(UI_PORT_TRIES)]
+
+
+def _canonical(uri: str) -> str:
+    """The store's URI with a relative database or folder made absolute (MLflow's default
+    ``sqlite:///mlflow.db`` names a different store in every working directory)."""
+    parsed = urlparse(uri)
+    if (
+        parsed.scheme == "sqlite"
+        and uri.startswith("sqlite:///")
+        and not uri.startswith("sqlite:////")
+    ):
+        return "sqlite:///" + os.path.abspath(uri.removeprefix("sqlite:///"))
+    if parsed.scheme in ("", "file"):
+        return os.path.abspath(parsed.path or uri)
+    return uri
+
+
+def run_link(uri: str, experiment_id: str, run_id: str) -> str:
+    return f"{ui_address(uri)}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def open_hint(uri: str, experiment_id: str, run_id: str) -> str:
-    """For a store no web UI serves yet: the run, and how to see its page from a terminal
-    (MLflow's own command) or a notebook (``ui()``)."""
-    page = f"{MLFLOW_UI_DEFAULT}/#/experiments/{experiment_id}/runs/{run_id}"
+    """The run and its store, with its page; for a store no web UI serves yet, how to serve it
+    from a terminal (MLflow's own command) or a notebook (``ui()``) at that page's address."""
+    page = run_link(uri, experiment_id, run_id)
+    if ui_served(uri):
+        return f"run {run_id} in {uri}: {page}"
+    port = urlparse(page).port
     return (
         f"run {run_id} in {uri}; to see it, run `mlflow ui --backend-store-uri "
-        f"{shlex.quote(uri)}` and open {page} (in Python: serverless_gpu.tracking.ui())"
+        f"{shlex.quote(uri)} --port {port}` and open {page} (in Python: "
+        f"serverless_gpu.tracking.ui())"
     )

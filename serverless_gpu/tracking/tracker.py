@@ -181,8 +181,7 @@ class RunTracker:
     def _announce(self) -> None:
         if self.run is None or self.ctx.display_claimed:
             return
-        link = self.ctx.links.get("mlflow")
-        where = link or store.open_hint(self.run.uri, self.run.experiment_id, self.run.run_id)
+        where = store.open_hint(self.run.uri, self.run.experiment_id, self.run.run_id)
         print(f"serverless_gpu: MLflow {where}", file=sys.stdout, flush=True)
 
     def warn_untracked(self, reason: BaseException, *, started: bool) -> None:

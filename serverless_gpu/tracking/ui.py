@@ -8,6 +8,7 @@ process dies in any way, even SIGKILL, because the pipe it watches then reads en
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 import psutil
@@ -29,6 +31,7 @@ _START_TIMEOUT_S = 120.0
 _LOG_PREFIX = "serverless-gpu-mlflow-ui-"
 """``<tmp>/serverless-gpu-mlflow-ui-<pid>.log``: the server's output, one file per process."""
 _STOP_GRACE_S = 5.0
+_PROBE_TIMEOUT_S = 2.0
 
 
 class _Server:
@@ -43,27 +46,104 @@ _server: _Server | None = None
 _lock = threading.Lock()
 
 
-def ui(port: int | None = None) -> str:
+def ui(port: int | None = None, *, wait: bool = True) -> str:
     """Serve the MLflow UI for the current tracking store on 127.0.0.1; return its address.
 
-    Started once per process, in the background; later calls return the same address, and the
-    links of later runs (printed, and in ``result.links["mlflow"]``) point at it. For an HTTP
-    tracking server this returns that server's address and starts nothing.
+    Without ``port``, the store's stable port (the one its run links name from the start, so
+    links made before the UI, or in an earlier kernel, work once it serves); a UI already
+    serving this store there is reused. Started once per process, in the background; later calls
+    return the same address. ``wait=False`` returns the address at once, while the server is
+    still starting. For an HTTP tracking server this returns that server's address and starts
+    nothing.
     """
-    global _server
     import mlflow
 
     uri = mlflow.get_tracking_uri()
     if store.is_http(uri):
         return uri.rstrip("/")
     with _lock:
-        if _server is not None and _server.proc.poll() is None and _server.uri == uri:
-            return _server.address
-        if _server is not None:
-            _stop_locked()
-        _server = _start(uri, port or _free_port())
-        store.set_ui_address(uri, _server.address)
-        return _server.address
+        address, server = _serve_locked(uri, port)
+    if server is not None:
+        if wait:
+            _await(server)
+        else:
+            threading.Thread(target=_await_quietly, args=(server,), daemon=True).start()
+    return address
+
+
+def _serve_locked(uri: str, port: int | None) -> tuple[str, _Server | None]:
+    """The address serving ``uri``: this process's server, one already serving it on a port
+    tried, or a server started on the first free one (returned while it starts)."""
+    global _server
+    if _server is not None and _server.proc.poll() is None and _server.uri == uri:
+        return _server.address, _server
+    if _server is not None:
+        _stop_locked()
+    ports = [port] if port else store.ui_ports(uri)
+    for candidate in ports:
+        address = f"http://127.0.0.1:{candidate}"
+        if _port_free(candidate):
+            _server = _spawn(uri, candidate)
+            store.set_ui_address(uri, address)
+            return address, _server
+        if _serves_store(address, uri):
+            store.set_ui_address(uri, address)
+            return address, None
+        if candidate != ports[-1]:
+            warnings.warn(
+                f"serverless_gpu: port {candidate} is taken by something other than an MLflow "
+                f"UI of {uri}; trying the next one (run links made before name port "
+                f"{ports[0]})",
+                stacklevel=3,
+            )
+    raise RuntimeError(f"no free port for the MLflow UI of {uri}: tried {ports}")
+
+
+def _await(server: _Server) -> None:
+    try:
+        _wait_until_up(server)
+    except BaseException:
+        with _lock:
+            if _server is server:
+                _stop_locked()
+            else:
+                _terminate(server)
+        raise
+
+
+def _await_quietly(server: _Server) -> None:
+    """``ui(wait=False)``'s watcher: a server that does not come up is stopped; its log says why."""
+    try:
+        _await(server)
+    except Exception:
+        pass
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As the server binds: a port left in TIME_WAIT by a stopped UI counts as free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _serves_store(address: str, uri: str) -> bool:
+    """Whether the MLflow UI at ``address`` shows this store: it lists the same experiments
+    (ids, names and creation times, which differ between any two stores)."""
+    from mlflow import MlflowClient
+
+    url = f"{address}/ajax-api/2.0/mlflow/experiments/search?max_results=1000"
+    try:
+        with urllib.request.urlopen(url, timeout=_PROBE_TIMEOUT_S) as response:
+            served = json.load(response).get("experiments", [])
+        ours = MlflowClient(uri).search_experiments(max_results=1000)
+    except Exception:  # not an MLflow UI, or not one that answers: not ours to reuse
+        return False
+    key = {(e["experiment_id"], e["name"], int(e.get("creation_time", 0))) for e in served}
+    return bool(ours) and key == {(e.experiment_id, e.name, e.creation_time or 0) for e in ours}
 
 
 def stop_ui() -> None:
@@ -117,7 +197,7 @@ def _remove_if_empty(log: Path) -> None:
         pass
 
 
-def _start(uri: str, port: int) -> _Server:
+def _spawn(uri: str, port: int) -> _Server:
     address = f"http://127.0.0.1:{port}"
     log = Path(tempfile.gettempdir()) / f"{_LOG_PREFIX}{os.getpid()}.log"
     _prune_logs(log.parent)
@@ -144,13 +224,7 @@ def _start(uri: str, port: int) -> _Server:
             env=env,
             start_new_session=True,  # a Ctrl-C meant for the notebook does not reach it
         )
-    server = _Server(uri, address, proc, log)
-    try:
-        _wait_until_up(server)
-    except BaseException:
-        _terminate(server)
-        raise
-    return server
+    return _Server(uri, address, proc, log)
 
 
 def _wait_until_up(server: _Server) -> None:
@@ -164,12 +238,6 @@ def _wait_until_up(server: _Server) -> None:
         except (urllib.error.URLError, OSError):
             time.sleep(0.2)
     raise TimeoutError(f"the MLflow UI server did not start in time; its log: {server.log}")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 atexit.register(stop_ui)

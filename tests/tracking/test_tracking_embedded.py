@@ -13,7 +13,7 @@ from mlflow.entities import Run
 from tracking_checks import check_run_contents
 
 from serverless_gpu import distributed
-from serverless_gpu.tracking import TrackingWarning
+from serverless_gpu.tracking import TrackingWarning, store
 from serverless_gpu.tracking import hook as tracking_hook_module
 
 RunsOf = Callable[[MlflowClient], list[Run]]
@@ -47,9 +47,12 @@ def test_one_run_per_call_with_everything_recorded(
     # What a terminal user can run and open: MLflow's own UI command for this store, and the
     # run's page on it.
     uri = first.metadata["mlflow_tracking_uri"]
-    assert f"mlflow ui --backend-store-uri {uri}" in out
-    assert f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}" in out
-    assert "mlflow" not in first.links  # no web UI serves the embedded store yet
+    port = store.ui_ports(uri)[0]
+    assert f"mlflow ui --backend-store-uri {uri} --port {port}" in out
+    # The run's link names where a UI for this store will serve, before any does.
+    page = f"http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs/{run_id}"
+    assert page in out
+    assert first.links["mlflow"] == page
 
 
 def test_nested_under_the_active_run_with_run_name_and_artifacts(

@@ -48,7 +48,8 @@ def test_runs_on_a_tracking_server_with_a_link_that_answers(
         assert link == f"{mlflow_server.url}/#/experiments/{experiment}/runs/{run.info.run_id}"
         assert http_status(link) == 200
         assert result.metadata["mlflow_run_url"] == link
-        assert out.count(f"serverless_gpu: MLflow {link}\n") == 1  # printed once, at start
+        where = f"run {run.info.run_id} in {mlflow_server.url}: {link}"
+        assert out.count(f"serverless_gpu: MLflow {where}\n") == 1  # printed once, at start
     assert (
         remote.get_run(nested.metadata["mlflow_run_id"]).data.tags["mlflow.parentRunId"]
         == parent.info.run_id
