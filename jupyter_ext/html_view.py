@@ -56,6 +56,15 @@ def _links(view: RunView) -> str:
     )
 
 
+def open_link_html(url: str) -> str:
+    """The "Open in MLflow" button's result: the run's page, once a UI serves it."""
+    return (
+        f'<a class="sgpu-open-mlflow" href="{html.escape(url)}" target="_blank" rel="noopener" '
+        f'style="color:#1f6feb;text-decoration:underline;margin-right:8px">'
+        f"Open run in MLflow &#8599;</a>"
+    )
+
+
 def header_html(view: RunView, now: float | None = None, note: str = "") -> str:
     """Name, hardware, status, clock and links; rank counts and progress; the log folder."""
     status = "cancelling" if note == "cancelling" else status_words(view)

@@ -13,9 +13,11 @@ notebook, nbviewer and GitHub show.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import ipywidgets as widgets
 from IPython.display import DisplayHandle, display
@@ -90,6 +92,16 @@ class WidgetRenderer:
             tooltip="Stop every rank of this run",
         )
         self.cancel_button.on_click(self._on_cancel)
+        self.mlflow_button = widgets.Button(
+            description="Open in MLflow",
+            icon="external-link",
+            tooltip="Start the MLflow UI for this run's store (in the background) and link the run",
+            layout=widgets.Layout(display="none"),
+        )
+        self.mlflow_button.on_click(self._on_open_mlflow)
+        self.mlflow_open = widgets.HTML("")
+        """The run's page, linked once the MLflow UI answers."""
+        self._mlflow_thread: threading.Thread | None = None
         self.rank_status = widgets.HTML(html_view.rank_status_html(view))
         self.merged = LogPane("all", html_view.merged_lines_html(view))
         self.outputs = [
@@ -102,7 +114,7 @@ class WidgetRenderer:
             titles=(ALL_RANKS, *(html_view.tab_title(r) for r in view.ranks)),
         )
         top = widgets.HBox(
-            [self.header, self.cancel_button],
+            [self.header, self.mlflow_open, self.mlflow_button, self.cancel_button],
             layout=widgets.Layout(justify_content="space-between", align_items="flex-start"),
         )
         self.widget = RunWidget(self.text, children=[top, self.tabs], _dom_classes=["sgpu-run"])
@@ -148,6 +160,9 @@ class WidgetRenderer:
     def _draw_header(self) -> None:
         self._last_header = time.monotonic()
         self.header.value = html_view.header_html(self.view, note=self._note)
+        shown = None if "mlflow" in self.view.links and not self.mlflow_open.value else "none"
+        if self.mlflow_button.layout.display != shown:
+            self.mlflow_button.layout.display = shown
 
     def _draw(self) -> None:
         self._last_draw = time.monotonic()
@@ -204,6 +219,33 @@ class WidgetRenderer:
             self._cancel_pending = True
         else:
             self._cancel(CANCEL_REASON)
+
+    def _on_open_mlflow(self, _button: widgets.Button) -> None:
+        """Start the MLflow UI on its own thread (it takes seconds): the kernel stays free."""
+        if self._mlflow_thread is not None and self._mlflow_thread.is_alive():
+            return
+        self.mlflow_button.disabled = True
+        self.mlflow_button.description = "Starting MLflow..."
+        self._mlflow_thread = threading.Thread(
+            target=self._serve_mlflow, name="serverless-gpu-open-mlflow", daemon=True
+        )
+        self._mlflow_thread.start()
+
+    def _serve_mlflow(self) -> None:
+        from serverless_gpu.tracking import ui
+
+        try:
+            address = ui()
+        except Exception as exc:  # shown on the button; the run goes on
+            self.mlflow_button.description = "MLflow UI failed"
+            self.mlflow_button.tooltip = f"{type(exc).__name__}: {exc}"
+            self.mlflow_button.disabled = False
+            return
+        # The UI may have had to take another port than the one the link names.
+        page = f"{address}/#{urlsplit(self.view.links['mlflow']).fragment}"
+        self.view.links["mlflow"] = page
+        self.mlflow_open.value = html_view.open_link_html(page)
+        self.mlflow_button.layout.display = "none"
 
     def text(self) -> str:
         return snapshot_text(self.view)
