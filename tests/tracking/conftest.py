@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 # No usage reporting from test processes (read when mlflow is imported).
@@ -20,30 +18,10 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 from tracking_checks import Server, start_server
 
-import serverless_gpu
-
 
 @pytest.fixture(autouse=True)
-def no_leaked_children() -> Iterator[None]:
-    """After each test: the launcher is shut down and no child process of ours survives."""
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
-    yield
-    serverless_gpu.shutdown()
-    deadline = time.monotonic() + 10
-    while True:
-        leaked = [p for p in me.children(recursive=True) if p.pid not in before and _alive(p)]
-        if not leaked or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert not leaked, f"child processes survived the test: {[p.cmdline() for p in leaked]}"
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+def no_leaks(no_leaked_children: None) -> None:
+    """Every tracking test ends with the launcher shut down and no child of ours left."""
 
 
 @pytest.fixture(autouse=True)
