@@ -112,7 +112,9 @@ def test_timeout_kills_hanging_ranks() -> None:
     assert isinstance(info.value, TimeoutError)
     assert info.value.running_ranks == (1,)
     assert "timeout of 2 s" in str(info.value)
-    assert 2.0 <= elapsed < 2.0 + 3.0
+    # A bound, not a speed claim: the call ends soon after its timeout instead of hanging (the
+    # MLflow run's start and end are inside the timed span; 5.1 s was seen on a loaded machine).
+    assert 2.0 <= elapsed < 2.0 + 10.0
 
 
 def _wait_for_launcher() -> None:
