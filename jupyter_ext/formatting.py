@@ -101,7 +101,7 @@ def summary_text(view: RunView) -> str:
     for row in rows:
         cells = [row[i].ljust(widths[i]) for i in range(3)]
         lines.append("  " + "  ".join([*cells, row[3]]).rstrip())
-    lines.append(f"  logs: {view.run_dir / 'logs'}")
+    lines.append(f"  logs: {view.paths.logs}")
     return "\n".join(lines)
 
 
@@ -124,5 +124,5 @@ def snapshot_text(view: RunView, tail: int = 20) -> str:
     if view.done:
         lines.append(summary_text(view))
     else:
-        lines.append(f"logs: {view.run_dir / 'logs'}")
+        lines.append(f"logs: {view.paths.logs}")
     return "\n".join(lines)

@@ -83,7 +83,7 @@ def header_html(view: RunView, now: float | None = None, note: str = "") -> str:
     progress = view.progress_line()
     if progress and not view.done:
         second.append(f'<span class="sgpu-progress">progress: {html.escape(progress)}</span>')
-    logs = html.escape(str(view.run_dir / "logs"))
+    logs = html.escape(str(view.paths.logs))
     return (
         '<div class="sgpu-header" style="line-height:1.7">'
         + " &middot; ".join(parts)
@@ -148,7 +148,7 @@ def record_html(view: RunView, tail: int = RECORD_TAIL) -> str:
         for rank, state, duration, outcome in summary_rows(view)
     )
     links = f" &middot; {_links(view)}" if view.links else ""
-    logs = html.escape(str(view.run_dir / "logs"))
+    logs = html.escape(str(view.paths.logs))
     return (
         '<div class="sgpu-record" style="line-height:1.6">'
         f"<b>{html.escape(view.name)}</b> &middot; {html.escape(hardware_label(view))} &middot; "

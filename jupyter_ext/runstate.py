@@ -112,6 +112,7 @@ class RunView:
         self.device = placement.device
         names = sorted(set(placement.gpu_names))
         self.hardware = ", ".join(names) if names else placement.gpu_type.value
+        self.paths = ctx.paths
         self.run_dir: Path = ctx.run_dir
         self.links = ctx.links
         self.started = time.time()
@@ -119,8 +120,7 @@ class RunView:
         from the call, not from the ranks' start."""
         self.finished: float | None = None
         self.status = "starting"
-        tracked = bool(ctx.options.get("tracking", True))
-        self.phase = STARTING_PHASES[0] if tracked else STARTING_PHASES[1]
+        self.phase = STARTING_PHASES[0] if ctx.config.tracking else STARTING_PHASES[1]
         """While ``status`` is ``starting``: what the run waits for."""
         self.message = ""
         self.root_cause_rank: int | None = None
@@ -213,7 +213,7 @@ class RunView:
         return max(0.0, end - self.started)
 
     def log_path(self, rank: int) -> Path:
-        return self.run_dir / "logs" / f"rank_{rank}.txt"
+        return self.paths.log(rank)
 
     def set_results(self, descriptions: list[str]) -> None:
         for rank, text in zip(self.ranks, descriptions, strict=False):

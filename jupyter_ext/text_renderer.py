@@ -35,7 +35,7 @@ class TextRenderer:
         self.view = RunView(ctx, max_lines=1)
         self.stream = stream
         self.max_lines = max_lines
-        self._selection = ConsolePrinter(str(ctx.options.get("output", "default")))
+        self._selection = ConsolePrinter(ctx.config.output)
         self._printed: dict[int, int] = {}
         self._progress_at: dict[tuple[int, str], float] = {}
 
@@ -66,7 +66,7 @@ class TextRenderer:
         parts = [f"serverless_gpu: {view.name} on {hardware_label(view)}"]
         if view.links:
             parts.append(links_text(view))
-        parts.append(f"logs: {view.run_dir / 'logs'}")
+        parts.append(f"logs: {view.paths.logs}")
         return " | ".join(parts) + "\n"
 
     def _lines(self, event: OutputLines) -> list[str]:

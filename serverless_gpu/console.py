@@ -11,6 +11,7 @@ import time
 from typing import TextIO
 
 from .events import Event, OutputLines, RankFinished, RunFinished, RunStarted
+from .runpaths import RunPaths
 
 OUTPUT_CHOICES = ("default", "all", "rank0", "none")
 _PROGRESS_EVERY_S = 2.0
@@ -43,7 +44,7 @@ class ConsolePrinter:
             names = ", ".join(sorted(set(event.gpu_names))) or "CPU"
             self._write(
                 f"serverless_gpu: {event.name} on {event.world_size} x {names} "
-                f"(logs: {event.run_dir / 'logs'})\n"
+                f"(logs: {RunPaths(event.run_dir).logs})\n"
             )
         elif isinstance(event, OutputLines) and self.wants(event.rank, event.stream):
             self._write("".join(self._format(event, line) for line in event.lines))

@@ -6,123 +6,32 @@ import errno
 import functools
 import importlib.util
 import inspect
-import math
 import os
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Generic, NoReturn, ParamSpec, TypeGuard, TypeVar, overload
+from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
 from . import settings
 from . import tracking as _tracking  # noqa: F401 - registers the MLflow run hook (lazy mlflow)
-from .backends.base import Backend, RunRequest
+from .backends.base import Backend
 from .backends.local import default_backend
-from .console import OUTPUT_CHOICES, ConsolePrinter
-from .env import RANK_INIT_ENV
+from .config import DEFAULT_TIMEOUT, DistributedConfig
+from .console import ConsolePrinter
 from .errors import ConfigurationError, DistributedError, LauncherError, StorageError, UsageError
-from .gpus import GPUType, check_cpu_count, check_gpu_count, cpu_mode_requested, resolve_placement
+from .gpus import GPUType, resolve_placement
 from .handle import RunHandle
 from .hooks import RunContext, run_hooks
 from .results import RunResult
 from .rundirs import new_run_dir
+from .runpaths import RunPaths
+from .runspec import RunSpec
 from .serialization import dump_payload, max_payload_bytes
 
 P = ParamSpec("P")
 R = TypeVar("R")
-DEFAULT_TIMEOUT = 10800.0
-DEFAULT_GRACE = 1.0
 _INTERRUPT_WAIT_S = 10.0
-
-
-@dataclass(frozen=True)
-class DistributedConfig:
-    """How a decorated function is run. Every field is checked when the decorator is applied."""
-
-    gpus: int | None = None
-    """Ranks to start, one per GPU; ``None`` means every visible GPU (CPU mode: 2, or
-    ``$SERVERLESS_GPU_CPU_RANKS``). CPU mode runs at most ``settings.MAX_CPU_RANKS`` (64)."""
-    gpu_type: str | GPUType | None = None
-    """Expected accelerator (``"H100"``, ``"a10g"`` ...); ``None`` auto-detects; ``"cpu"`` runs
-    CPU ranks over gloo. A mismatch with the machine fails before launch."""
-    timeout: float | None = DEFAULT_TIMEOUT
-    """Seconds before every rank is killed and ``DistributedTimeoutError`` is raised; ``None``
-    disables the limit."""
-    output: str = "default"
-    """Which rank output is printed live: ``"default"`` (rank 0 and every rank's stderr),
-    ``"all"``, ``"rank0"`` or ``"none"``. Every rank's full log is on disk regardless."""
-    tracking: bool = True
-    """Track the call as an MLflow run when mlflow is installed."""
-    run_name: str | None = None
-    """Name of the MLflow run; defaults to the function's name."""
-    max_payload_bytes: int | None = None
-    """Limit on the pickled function and arguments, a positive number of bytes (default
-    ~100 MB, or ``$SERVERLESS_GPU_MAX_PAYLOAD_MB``); pickling stops as soon as it is passed."""
-    grace: float = DEFAULT_GRACE
-    """Seconds between SIGTERM and SIGKILL when ranks are stopped: finite, at most
-    ``settings.MAX_GRACE_S`` (60) and at most ``timeout`` (the default is shortened to a
-    shorter timeout)."""
-    standby: bool = True
-    """Prepare rank processes ahead of the call (launcher started at decoration time)."""
-
-    def __post_init__(self) -> None:
-        _check_timeout(self.timeout)
-        check_gpu_count(self.gpus)
-        if self.gpu_type is not None:
-            GPUType.parse(self.gpu_type)
-        if cpu_mode_requested(self.gpu_type):
-            check_cpu_count(self.gpus)
-        if self.output not in OUTPUT_CHOICES:
-            raise ConfigurationError(f"output must be one of {OUTPUT_CHOICES}, not {self.output!r}")
-        _check_grace(self.grace, self.timeout)
-        _check_options(self)
-
-
-def _is_number(value: object) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_timeout(timeout: object) -> None:
-    if timeout is not None and not (_is_number(timeout) and math.isfinite(timeout) and timeout > 0):
-        raise ConfigurationError(
-            f"timeout must be a positive number of seconds or None, not {timeout!r}"
-        )
-
-
-def _check_grace(grace: object, timeout: float | None) -> None:
-    cap = settings.MAX_GRACE_S
-    if not (_is_number(grace) and 0 <= grace <= cap):
-        raise ConfigurationError(
-            f"grace must be a number of seconds from 0 to {cap:g}, not {grace!r}"
-        )
-    if timeout is not None and grace > timeout and grace != DEFAULT_GRACE:
-        raise ConfigurationError(
-            f"grace={grace!r} is longer than timeout={timeout!r}: a stopped rank may take up to "
-            "grace seconds to end, so it must not exceed the timeout"
-        )
-
-
-def _grace(config: DistributedConfig) -> float:
-    """The grace in force: never longer than the timeout."""
-    if config.timeout is None:
-        return float(config.grace)
-    return float(min(config.grace, config.timeout))
-
-
-def _check_options(config: DistributedConfig) -> None:
-    limit = config.max_payload_bytes
-    if limit is not None and not (
-        isinstance(limit, int) and not isinstance(limit, bool) and limit > 0
-    ):
-        raise ConfigurationError(
-            f"max_payload_bytes must be a positive whole number of bytes or None, not {limit!r}"
-        )
-    for name in ("standby", "tracking"):
-        if not isinstance(getattr(config, name), bool):
-            raise ConfigurationError(f"{name} must be True or False, not {getattr(config, name)!r}")
-    if config.run_name is not None and not isinstance(config.run_name, str):
-        raise ConfigurationError(f"run_name must be a string or None, not {config.run_name!r}")
 
 
 def _check_function(func: object) -> None:
@@ -207,28 +116,14 @@ class DistributedFunction(Generic[P, R]):
             run_id, run_dir, results_dir = new_run_dir(name)
         except OSError as exc:
             raise _os_error("could not create the run directory", exc, ConfigurationError) from exc
-        ctx = RunContext(
-            run_id=run_id,
-            name=name,
-            placement=placement,
-            timeout=None if cfg.timeout is None else float(cfg.timeout),
-            run_dir=run_dir,
-            options=asdict(cfg),
-            results_dir=results_dir,
-        )
+        paths = RunPaths(run_dir, results_dir)
+        ctx = RunContext(RunSpec(run_id, name, placement, paths, cfg))
         subscribers = run_hooks(ctx)
         if not ctx.display_claimed:
             subscribers.insert(0, ConsolePrinter(cfg.output))
-        request = RunRequest(
-            context=ctx,
-            payload=payload,
-            env=_rank_base_env(ctx),
-            cwd=cwd,
-            sys_path=tuple(sys.path),
-            grace=_grace(cfg),
-        )
+        ctx.seal(cwd, tuple(sys.path))
         try:
-            handle: RunHandle[R] = self.backend.submit(request)
+            handle: RunHandle[R] = self.backend.submit(ctx, payload)
         except OSError as exc:
             raise _os_error("could not start the run", exc, LauncherError, run_dir) from exc
         for subscriber in subscribers:
@@ -312,14 +207,6 @@ def join_prewarm(timeout: float = 10.0) -> None:
     """Wait for background warm-ups (so that a shutdown is not followed by a late start)."""
     for thread in list(_prewarm_threads):
         thread.join(timeout)
-
-
-def _rank_base_env(ctx: RunContext) -> dict[str, str]:
-    """The caller's environment now, with the hooks' additions."""
-    env = {**os.environ, **ctx.env}
-    if ctx.rank_initializers:
-        env[RANK_INIT_ENV] = ",".join(ctx.rank_initializers)
-    return env
 
 
 @overload

@@ -13,7 +13,10 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .runspec import RunSpec
 
 
 class RunStatus(str, enum.Enum):
@@ -56,6 +59,22 @@ class RunStarted:
     run_dir: Path
     timeout: float | None
     time: float
+
+    @classmethod
+    def of(cls, spec: RunSpec, time: float) -> RunStarted:
+        """The event of a run starting, in the words of its spec."""
+        p = spec.placement
+        return cls(
+            spec.run_id,
+            spec.name,
+            p.world_size,
+            p.device,
+            p.gpu_type.value,
+            p.gpu_names,
+            spec.paths.run_dir,
+            spec.timeout,
+            time,
+        )
 
 
 @dataclass(frozen=True)

@@ -48,21 +48,8 @@ class RunHandle(Generic[R]):
         self._stderr: dict[int, deque[str]] = {}
         self._outcome: tuple[RunResult[R] | None, BaseException | None] | None = None
         self.idle_callbacks = ctx.idle_callbacks
-        ctx._cancel = self.cancel
-        p = ctx.placement
-        self.push(
-            RunStarted(
-                ctx.run_id,
-                ctx.name,
-                p.world_size,
-                p.device,
-                p.gpu_type.value,
-                p.gpu_names,
-                ctx.run_dir,
-                ctx.timeout,
-                time.time(),
-            )
-        )
+        ctx.set_canceller(self.cancel)
+        self.push(RunStarted.of(ctx.spec, time.time()))
 
     # -- feeding (backend thread) ----------------------------------------------------------
 
@@ -134,7 +121,7 @@ class RunHandle(Generic[R]):
         elif isinstance(event, RankFinished):
             self.ranks[event.rank] = event
         elif isinstance(event, RunFinished):
-            event = with_root_cause(event, self.context.run_dir)
+            event = with_root_cause(event, self.context.paths)
             self.finished = event
             self.status = event.status
             if event.status is not RunStatus.SUCCEEDED:
@@ -151,10 +138,8 @@ class RunHandle(Generic[R]):
         try:
             if finished.status is not RunStatus.SUCCEEDED:
                 tails = {r: "".join(lines) for r, lines in self._stderr.items()}
-                return None, failure_exception(
-                    finished, self.ranks, tails, ctx.run_dir, ctx.timeout
-                )
-            values: list[Any] = load_results(ctx.run_dir, ctx.results_dir, ctx.placement.world_size)
+                return None, failure_exception(finished, self.ranks, tails, ctx.paths, ctx.timeout)
+            values: list[Any] = load_results(ctx.paths, ctx.placement.world_size)
             result: RunResult[R] = RunResult(
                 values,
                 run_id=ctx.run_id,
@@ -171,10 +156,10 @@ class RunHandle(Generic[R]):
 
 def _drop_bulk_files(ctx: RunContext) -> None:
     """Payload and result files can be GBs; logs and error records stay for the user."""
-    for path in ctx.run_dir.glob("result_*.pkl*"):
+    paths = ctx.paths
+    for path in paths.bulk_files():
         path.unlink(missing_ok=True)
-    (ctx.run_dir / "payload.pkl").unlink(missing_ok=True)
-    shutil.rmtree(ctx.run_dir / "tmp", ignore_errors=True)
-    if ctx.results_dir is not None:
-        shutil.rmtree(ctx.results_dir, ignore_errors=True)  # mapped results keep their pages
-    release_run(ctx.run_dir)  # the call is over: pruning may take its directory now
+    shutil.rmtree(paths.scratch, ignore_errors=True)
+    if paths.results_dir is not None:
+        shutil.rmtree(paths.results_dir, ignore_errors=True)  # mapped results keep their pages
+    release_run(paths.run_dir)  # the call is over: pruning may take its directory now

@@ -7,30 +7,27 @@ a subscriber that receives the run's events.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .config import DistributedConfig
+from .env import RANK_INIT_ENV
 from .events import Subscriber
 from .gpus import Placement
+from .runpaths import RunPaths
+from .runspec import RunSpec
 
 
 @dataclass
 class RunContext:
-    """What a hook knows about a run before it starts, and what it may add to it."""
+    """What a hook knows about a run before it starts, and what it may add to it. It stays in
+    the caller; what crosses to the ranks is :attr:`spec`, sealed once every hook has run."""
 
-    run_id: str
-    name: str
-    """Qualified name of the user's function."""
-    placement: Placement
-    timeout: float | None
-    run_dir: Path
-    options: dict[str, Any]
-    """Decorator options hooks care about (``tracking``, ``run_name``, ``output`` ...)."""
-    results_dir: Path | None = None
-    """A tmpfs folder the ranks write their results to (deleted once they are loaded); None:
-    the run directory."""
+    spec: RunSpec
+    """The call; its ``env`` is filled in by :meth:`seal`."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for every rank; hooks add to it."""
     links: dict[str, str] = field(default_factory=dict)
@@ -45,12 +42,54 @@ class RunContext:
     idle_callbacks: list[Callable[[], None]] = field(default_factory=list)
     """Called repeatedly while the caller blocks waiting for the run (every ~50 ms); the Jupyter
     extension processes widget clicks here so that Cancel works during a blocking call."""
-    _cancel: Callable[[str], None] | None = field(default=None, repr=False)
+    _canceller: Callable[[str], None] | None = field(default=None, repr=False)
+
+    @property
+    def run_id(self) -> str:
+        return self.spec.run_id
+
+    @property
+    def name(self) -> str:
+        """Qualified name of the user's function."""
+        return self.spec.name
+
+    @property
+    def placement(self) -> Placement:
+        return self.spec.placement
+
+    @property
+    def config(self) -> DistributedConfig:
+        return self.spec.config
+
+    @property
+    def paths(self) -> RunPaths:
+        return self.spec.paths
+
+    @property
+    def run_dir(self) -> Path:
+        return self.spec.paths.run_dir
+
+    @property
+    def timeout(self) -> float | None:
+        return self.spec.timeout
+
+    def seal(self, cwd: str, sys_path: tuple[str, ...]) -> RunSpec:
+        """The run's final spec, once every hook has run: the caller's environment now with
+        the hooks' additions, where the ranks start and their ``sys.path``."""
+        env = {**os.environ, **self.env}
+        if self.rank_initializers:
+            env[RANK_INIT_ENV] = ",".join(self.rank_initializers)
+        self.spec = replace(self.spec, env=env, cwd=cwd, sys_path=sys_path)
+        return self.spec
+
+    def set_canceller(self, cancel: Callable[[str], None]) -> None:
+        """What :meth:`cancel` calls: the started run's handle sets it."""
+        self._canceller = cancel
 
     def cancel(self, reason: str = "cancelled by the user") -> None:
         """Stop every rank of the run (TERM, grace, KILL); returns at once."""
-        if self._cancel is not None:
-            self._cancel(reason)
+        if self._canceller is not None:
+            self._canceller(reason)
 
 
 RunHook = Callable[[RunContext], "Subscriber | None"]

@@ -50,9 +50,9 @@ from .protocol import (
     RankGroups,
     RunAccepted,
     Shutdown,
-    StartRun,
 )
 from .rank_process import RankProcess, fork_rank
+from .runspec import RunSpec
 from .supervision import RunSupervisor
 
 _TICK_S = 0.05
@@ -155,7 +155,7 @@ class Launcher:
         messages, eof = self.caller.receive()
         for message in messages:
             if not self.running:
-                break  # shutting down: a StartRun left unaccepted is retried by the caller
+                break  # shutting down: a RunSpec left unaccepted is retried by the caller
             self._handle_safely(message)
         if eof:
             self.running = False  # the caller died or closed its end: stop everything
@@ -175,7 +175,7 @@ class Launcher:
             else:
                 text = f"the launcher could not handle {type(message).__name__}: {exc!r}"
             log_exception(text)
-            if isinstance(message, StartRun):
+            if isinstance(message, RunSpec):
                 run = self.runs.get(message.run_id)
                 if run is not None:
                     run.fail(text)
@@ -187,7 +187,7 @@ class Launcher:
     def _handle(self, message: Any) -> None:
         if isinstance(message, Undecodable):
             log(f"a message from the caller could not be loaded: {message.error!r}")
-        elif isinstance(message, StartRun):
+        elif isinstance(message, RunSpec):
             self._start(message)
         elif isinstance(message, CancelRun):
             run = self.runs.get(message.run_id)
@@ -199,11 +199,11 @@ class Launcher:
         elif isinstance(message, Shutdown):
             self.running = False
 
-    def _start(self, spec: StartRun) -> None:
+    def _start(self, spec: RunSpec) -> None:
         self.emit(RunAccepted(spec.run_id))
-        self._use_shape((spec.device, spec.world_size), add=spec.standby)
-        if spec.results_dir is not None:
-            self.results_dirs.append(spec.results_dir)
+        self._use_shape((spec.device, spec.world_size), add=spec.config.standby)
+        if spec.paths.results_dir is not None:
+            self.results_dirs.append(spec.paths.results_dir)
         taken = {r.master_port for r in self.runs.values()}
         ranks = self._take_standby(spec.device, spec.world_size, spec.env)
         # Standby ranks of other shapes would sit on the GPUs (or cores) this call uses; they
@@ -218,7 +218,7 @@ class Launcher:
         except OSError as exc:
             self._retire(ranks)
             raise StartFailed(
-                f"could not prepare the run's logs in {spec.run_dir}: {exc.strerror or exc}"
+                f"could not prepare the run's logs in {spec.paths.run_dir}: {exc.strerror or exc}"
             ) from exc
         except BaseException:
             self._retire(ranks)

@@ -8,37 +8,14 @@ and pickled as ``multiprocessing.connection.Connection`` does; the launcher's en
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
+from .env import rank_env
+from .runspec import RunSpec
+
 # --- caller -> launcher ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StartRun:
-    """Start one call's ranks."""
-
-    run_id: str
-    name: str
-    run_dir: Path
-    results_dir: Path | None
-    """Where ranks write results first (a tmpfs), or None for the run directory."""
-    payload_path: Path
-    world_size: int
-    device: str
-    """``"cuda"`` or ``"cpu"``."""
-    gpu_type: str
-    gpu_names: tuple[str, ...]
-    env: dict[str, str]
-    """The caller's ``os.environ`` at call time plus per-call additions (not per-rank ones)."""
-    cwd: str
-    sys_path: tuple[str, ...]
-    timeout: float | None
-    grace: float
-    """Seconds between SIGTERM and SIGKILL when ranks are stopped."""
-    standby: bool = True
-    """Keep standby ranks of this shape ready for the next call (the decorator's option)."""
+# A call is sent as its ``runspec.RunSpec``; then these.
 
 
 @dataclass(frozen=True)
@@ -67,7 +44,7 @@ class Shutdown:
 
 @dataclass(frozen=True)
 class RunAccepted:
-    """The launcher has taken this StartRun: from now on it reports the run's end. A run that
+    """The launcher has taken this RunSpec: from now on it reports the run's end. A run that
     was sent but never accepted (the launcher was exiting) is sent again to a fresh launcher."""
 
     run_id: str
@@ -92,21 +69,25 @@ class Exiting:
 
 @dataclass(frozen=True)
 class RankSpec:
-    """Everything a forked rank needs to run one call."""
+    """What a forked rank needs to run its part of one call; the rest derives from ``run``."""
 
-    run_id: str
-    name: str
-    """The run's name (the function's qualified name), for the process title."""
+    run: RunSpec
     rank: int
-    world_size: int
-    env: dict[str, str]
-    """The complete environment of the rank."""
-    cwd: str
-    sys_path: tuple[str, ...]
-    payload_path: Path
-    result_paths: list[Path]
-    """Tried in order: a full tmpfs sends the result on to the next one."""
-    error_path: Path
+    master_port: int
+    """The TCP port of rank 0's rendezvous store on 127.0.0.1."""
+
+    def env(self) -> dict[str, str]:
+        """The complete environment of the rank."""
+        run = self.run
+        return rank_env(
+            run.env,
+            rank=self.rank,
+            world_size=run.world_size,
+            master_port=self.master_port,
+            device=run.device,
+            run_id=run.run_id,
+            run_dir=str(run.paths.run_dir),
+        )
 
 
 @dataclass(frozen=True)
@@ -146,15 +127,16 @@ class ToCaller:
 
 @dataclass(frozen=True)
 class ErrorRecord:
-    """A rank's exception, written to ``error_N.pkl``; survives exceptions that cannot pickle."""
+    """A rank's exception, written to its error file (``RunPaths.error``); survives exceptions
+    that cannot pickle."""
 
     rank: int
     time: float
     type_name: str
     message: str
     traceback_text: str
+    kind: str
+    """What the rank reported: ``errors.RAISED`` (the function raised) or a failure of the
+    library in the rank (``UNPICKLABLE_RESULT``, ``RESULT_NOT_WRITTEN``, ``CONNECTION_LOST``)."""
     exception: bytes | None = None
     """The pickled exception when it pickles, else ``None``."""
-    library_error: bool = False
-    """True when the library itself failed in the rank (e.g. the result could not be pickled)."""
-    extra: dict[str, str] = field(default_factory=dict)

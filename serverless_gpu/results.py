@@ -12,7 +12,6 @@ from .errors import (
     CONNECTION_LOST,
     RAISED,
     RESULT_NOT_WRITTEN,
-    UNPICKLABLE_RESULT,
     CancelledError,
     DistributedError,
     DistributedTimeoutError,
@@ -27,7 +26,7 @@ from .errors import (
 )
 from .events import RankFinished, RunFinished, RunStatus
 from .protocol import ErrorRecord
-from .rundirs import result_paths
+from .runpaths import RunPaths
 from .serialization import load_from_file, load_result
 
 R = TypeVar("R")
@@ -36,7 +35,7 @@ R = TypeVar("R")
 class RunResult(list[R], Generic[R]):
     """The ranks' return values in global-rank order: a plain ``list`` with run metadata.
 
-    ``run_dir`` holds the per-rank logs (``logs/rank_N.txt``); ``links`` and ``metadata`` hold
+    ``run_dir`` holds the per-rank logs (in its ``logs`` folder); ``links`` and ``metadata`` hold
     what tracking added (``links["mlflow"]``, ``metadata["mlflow_run_id"]``).
     """
 
@@ -56,11 +55,12 @@ class RunResult(list[R], Generic[R]):
         self.metadata = dict(metadata)
 
 
-def load_results(run_dir: Path, results_dir: Path | None, world_size: int) -> list[Any]:
+def load_results(paths: RunPaths, world_size: int) -> list[Any]:
     values = []
+    run_dir = paths.run_dir
     for rank in range(world_size):
-        paths = result_paths(run_dir, results_dir, rank)
-        path = next((p for p in paths if p.exists()), paths[-1])
+        places = paths.results(rank)
+        path = next((p for p in places if p.exists()), places[-1])
         try:
             values.append(load_result(path))
         # BaseException: unpickling runs the result's own code, which may raise SystemExit or
@@ -78,10 +78,11 @@ def failure_exception(
     finished: RunFinished,
     ranks: Mapping[int, RankFinished],
     stderr_tails: Mapping[int, str],
-    run_dir: Path,
+    paths: RunPaths,
     timeout: float | None,
 ) -> BaseException:
     """The exception the caller raises for a run that did not succeed."""
+    run_dir = paths.run_dir
     if finished.status is RunStatus.TIMED_OUT:
         return DistributedTimeoutError(timeout or 0.0, finished.unfinished_ranks, run_dir=run_dir)
     if finished.status is RunStatus.CANCELLED:
@@ -96,10 +97,10 @@ def failure_exception(
         exit_code=info.exit_code if info else None,
         signal_name=info.signal_name if info else None,
         message=finished.cause,
-        log_path=run_dir / "logs" / f"rank_{root}.txt",
+        log_path=paths.log(root),
         stderr_tail=stderr_tails.get(root, ""),
     )
-    error_path = run_dir / f"error_{root}.pkl"
+    error_path = paths.error(root)
     if error_path.exists():
         return _exception_from_record(load_from_file(error_path), failure, run_dir)
     return RankFailedError(failure, run_dir=run_dir)
@@ -108,7 +109,7 @@ def failure_exception(
 def _exception_from_record(
     record: ErrorRecord, failure: RankFailure, run_dir: Path
 ) -> BaseException:
-    kind = record_kind(record)
+    kind = record.kind
     if kind == CONNECTION_LOST:
         message = describe_failure(kind, record.type_name, record.message)
         return RankFailedError(replace(failure, message=message), run_dir=run_dir)
@@ -121,7 +122,7 @@ def _exception_from_record(
     text = f"rank {record.rank} {describe_failure(kind, record.type_name, record.message)}"
     if kind == RESULT_NOT_WRITTEN:
         err = StorageError(text, run_dir=run_dir)
-    elif kind != RAISED or record.library_error:
+    elif kind != RAISED:
         err = SerializationError(text, run_dir=run_dir)
     else:
         err = RemoteError(
@@ -131,23 +132,20 @@ def _exception_from_record(
     return err
 
 
-def record_kind(record: ErrorRecord) -> str:
-    """What the rank reported: ``errors.RAISED``, ``UNPICKLABLE_RESULT`` ..."""
-    return record.extra.get("kind", UNPICKLABLE_RESULT if record.library_error else RAISED)
-
-
-def with_root_cause(finished: RunFinished, run_dir: Path) -> RunFinished:
+def with_root_cause(finished: RunFinished, paths: RunPaths) -> RunFinished:
     """``finished`` worded from the root-cause rank's own record, when it wrote one: the
     launcher only knows a one-line summary of it."""
     root = finished.root_cause_rank
-    path = run_dir / f"error_{root}.pkl"
-    if root is None or finished.status is not RunStatus.FAILED or not path.exists():
+    if root is None or finished.status is not RunStatus.FAILED:
+        return finished
+    path = paths.error(root)
+    if not path.exists():
         return finished
     try:
         record = load_from_file(path)
     except Exception:  # result() reports a broken record; the event stays as is
         return finished
-    cause = describe_failure(record_kind(record), record.type_name, record.message)
+    cause = describe_failure(record.kind, record.type_name, record.message)
     return replace(finished, message=f"rank {root} {cause}", cause=cause)
 
 

@@ -49,22 +49,17 @@ import psutil
 
 from . import settings
 from .errors import ConfigurationError
+from .runpaths import LAUNCHER_LOG, MARKER, RUN_NAME, TWIN_OWNER, launcher_log, run_dir_name
 
 RUNS_DIR_ENV = settings.RUNS_DIR.name
 KEEP_RUNS_ENV = settings.KEEP_RUNS.name
 RESULTS_DIR_ENV = settings.RESULTS_DIR.name
-MARKER = ".serverless-gpu-run"
-"""In every run directory: the lock its caller holds while the run is live, and the caller's
-pid and start time (what decides liveness where the filesystem has no ``flock``)."""
 GRACE_S = 600.0
 """Nothing younger than this is pruned: a run that is being set up, a log the user was just
 pointed at."""
 _CLOCK_SLACK_S = 1.0
 """A process's start time is derived from the boot time, which the kernel reports in whole
 seconds and moves when the clock is set: start times are compared with this much slack."""
-_OWNER = "run_dir"
-_RUN_NAME = re.compile(r"\d{8}-\d{6}-[A-Za-z0-9_.-]{0,40}-[0-9a-f]{12}")
-_LAUNCHER_LOG = re.compile(r"launcher-(\d+)\.log")
 MIN_TMPFS_BYTES = 1 << 30
 """A smaller /dev/shm (Docker's default is 64 MB) is left to NCCL and DataLoader workers."""
 
@@ -182,9 +177,8 @@ def new_run_dir(name: str) -> tuple[str, Path, Path | None]:
     """A fresh private directory for one run, the run's id, and its results twin (if any). The
     run is live (never pruned) until :func:`release_run`."""
     run_id = uuid.uuid4().hex[:12]
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:40]
     root, results_base = runs_root(), results_root()
-    path = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{run_id}"
+    path = root / run_dir_name(time.strftime("%Y%m%d-%H%M%S"), name, run_id)
     path.mkdir(mode=0o700)
     try:
         _hold(path)
@@ -205,7 +199,7 @@ def _new_twin(twin: Path, run_dir: Path) -> Path | None:
         twin.mkdir(mode=0o700)
         # Callers with different runs directories share the results root: the link says whose
         # twin this is, so that a twin is pruned only once its own run directory is gone.
-        (twin / _OWNER).symlink_to(run_dir)
+        (twin / TWIN_OWNER).symlink_to(run_dir)
     except OSError:
         shutil.rmtree(twin, ignore_errors=True)
         return None
@@ -258,7 +252,7 @@ def release_run(run_dir: Path) -> None:
 
 def launcher_log_path() -> Path:
     """Where this process's launcher writes its output (one log per caller process)."""
-    return runs_root() / f"launcher-{os.getpid()}.log"
+    return launcher_log(runs_root(), os.getpid())
 
 
 def drop_launcher_log(path: Path) -> None:
@@ -271,18 +265,11 @@ def drop_launcher_log(path: Path) -> None:
         pass
 
 
-def result_paths(run_dir: Path, results_dir: Path | None, rank: int) -> list[Path]:
-    """Where a rank's result may be, preferred first: the tmpfs twin when there is one (the rank
-    falls back to the run directory when the tmpfs is full)."""
-    name = f"result_{rank}.pkl"
-    return [results_dir / name, run_dir / name] if results_dir else [run_dir / name]
-
-
 def prune_orphans(results_base: Path) -> None:
     """Results twins whose run directory no longer exists: left by a caller and launcher that
     were both killed before they could delete them (tmpfs files hold memory)."""
-    for twin, _ in _ours(results_base, _RUN_NAME, stat.S_ISDIR):
-        owner = twin / _OWNER
+    for twin, _ in _ours(results_base, RUN_NAME, stat.S_ISDIR):
+        owner = twin / TWIN_OWNER
         if owner.is_symlink() and not owner.exists():  # the link's target, the run dir, is gone
             shutil.rmtree(twin, ignore_errors=True)
 
@@ -293,12 +280,12 @@ def prune_runs(root: Path, keep: int) -> None:
     made the newer ones itself, and a loop of calls must not pile up runs for the period)."""
     # Runs in the order they were made (their markers' times): a run directory's own time moves
     # whenever a file in it changes, as late as the launcher's cleanup after the call.
-    runs = [(p, st, made) for p, st in _ours(root, _RUN_NAME, stat.S_ISDIR) if (made := _made(p))]
+    runs = [(p, st, made) for p, st in _ours(root, RUN_NAME, stat.S_ISDIR) if (made := _made(p))]
     runs.sort(key=lambda run: run[2], reverse=True)
     for path, st, _ in runs[keep:]:
         if _run_expired(path, st):
             shutil.rmtree(path, ignore_errors=True)  # never follows a link inside
-    logs = sorted(_ours(root, _LAUNCHER_LOG, stat.S_ISREG), key=lambda e: -e[1].st_mtime)
+    logs = sorted(_ours(root, LAUNCHER_LOG, stat.S_ISREG), key=lambda e: -e[1].st_mtime)
     for path, st in logs[keep:]:
         if _log_expired(path, st):
             path.unlink(missing_ok=True)
@@ -371,7 +358,7 @@ def _log_expired(log: Path, st: os.stat_result) -> bool:
     writer; one started later cannot be."""
     if _recent(st):
         return False
-    match = _LAUNCHER_LOG.fullmatch(log.name)
+    match = LAUNCHER_LOG.fullmatch(log.name)
     assert match is not None
     try:
         return psutil.Process(int(match[1])).create_time() > st.st_mtime + _CLOCK_SLACK_S

@@ -201,9 +201,14 @@ def _torch() -> Any:
     return sys.modules.get("torch")
 
 
+def partial_path(path: Path) -> Path:
+    """Where ``path`` is written before it is renamed into place (atomic writes)."""
+    return path.with_name(path.name + ".tmp")
+
+
 def dump_to_file(obj: Any, path: Path) -> None:
     """Pickle ``obj`` straight into ``path`` (atomically), never through a pipe."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = partial_path(path)
     with open(tmp, "wb") as f:
         _ResultPickler(f, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     os.replace(tmp, path)
@@ -227,7 +232,7 @@ def dump_result(obj: Any, path: Path, local_ranks: int = 1) -> None:
     map it, or in torch's format where that cannot carry a storage; any other result as a plain
     pickle, so that a caller without torch imported need not import it. ``local_ranks`` is how
     many ranks of this machine write such a result at the same time."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = partial_path(path)
     try:
         with open(tmp, "wb") as f:
             _PlainPickler(f, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from .channel import Undecodable
-from .env import rank_env
 from .events import (
     OutputLines,
     RankFinished,
@@ -27,10 +26,11 @@ from .events import (
     RunStatus,
 )
 from .launcher_log import log, log_exception
-from .lifetime import bounded_grace, kill_group, signal_name
-from .protocol import RankDone, RankSpec, Release, StartRun, ToCaller, UserCodeStarted
+from .lifetime import kill_group, signal_name
+from .protocol import RankDone, RankSpec, Release, ToCaller, UserCodeStarted
 from .rank_process import RankProcess
-from .rundirs import RUNS_DIR_ENV, result_paths
+from .rundirs import RUNS_DIR_ENV
+from .runspec import RunSpec
 
 _RELEASE_GRACE_S = 5.0
 _DRAIN_ROUNDS = 64
@@ -42,7 +42,7 @@ class RunSupervisor:
 
     def __init__(
         self,
-        spec: StartRun,
+        spec: RunSpec,
         ranks: list[RankProcess],
         master_port: int,
         emit: Callable[[Any], None],
@@ -64,17 +64,16 @@ class RunSupervisor:
         self.unfinished: tuple[int, ...] = ()
         self.stopping = False
         self.kill_deadline: float | None = None
-        self.grace = bounded_grace(spec.grace, spec.timeout)
+        self.grace = spec.grace
         self.deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
         self.finished = False
         self.run_failure: tuple[float, str] | None = None
         """A failure of the run itself (not of a rank): its time and message."""
-        logs = spec.run_dir / "logs"
-        logs.mkdir(mode=0o700, exist_ok=True)
+        spec.paths.logs.mkdir(mode=0o700, exist_ok=True)
         self.logs: list[IO[bytes]] = []
         try:
             for r in range(len(ranks)):
-                self.logs.append(open(logs / f"rank_{r}.txt", "ab", buffering=0))  # noqa: SIM115
+                self.logs.append(open(spec.paths.log(r), "ab", buffering=0))  # noqa: SIM115
         except BaseException:
             self._close_logs()
             raise
@@ -91,7 +90,7 @@ class RunSupervisor:
                 )
             # Buffered: a rank that does not read must not stall the launcher. One that died
             # already is reported through its pidfd.
-            proc.channel.send(self._rank_spec(rank))
+            proc.channel.send(RankSpec(self.spec, rank, self.master_port))
 
     def _cb(self, method: Callable[..., None], *args: Any) -> Callable[[Any], None]:
         return lambda _fd: self._guarded(method, *args)
@@ -109,30 +108,6 @@ class RunSupervisor:
         if self.run_failure is None and not (self.stopping or self.finished):
             self.run_failure = (time.time(), message)
         self._stop(RunStatus.FAILED, message)
-
-    def _rank_spec(self, rank: int) -> RankSpec:
-        s = self.spec
-        env = rank_env(
-            s.env,
-            rank=rank,
-            world_size=s.world_size,
-            master_port=self.master_port,
-            device=s.device,
-            run_id=s.run_id,
-            run_dir=str(s.run_dir),
-        )
-        return RankSpec(
-            run_id=s.run_id,
-            name=s.name,
-            rank=rank,
-            world_size=s.world_size,
-            env=env,
-            cwd=s.cwd,
-            sys_path=s.sys_path,
-            payload_path=s.payload_path,
-            result_paths=result_paths(s.run_dir, s.results_dir, rank),
-            error_path=s.run_dir / f"error_{rank}.pkl",
-        )
 
     # -- events from the ranks -------------------------------------------------------------------
 
@@ -208,7 +183,7 @@ class RunSupervisor:
             log.write(data)
         except OSError as exc:
             self._close_logs()
-            self.fail(_log_failure(self.spec.run_dir, rank, exc))
+            self.fail(_log_failure(self.spec.paths.run_dir, rank, exc))
 
     def _close_logs(self) -> None:
         for f in self.logs:

@@ -36,7 +36,7 @@ from .errors import (
 from .lifetime import die_with_parent
 from .proctitle import set_rank_title
 from .protocol import ErrorRecord, RankDone, RankSpec, Release, ToCaller, UserCodeStarted
-from .serialization import dump_result, dump_to_file, load_payload
+from .serialization import dump_result, dump_to_file, load_payload, partial_path
 
 
 def rank_main(conn: Connection, stdout_fd: int, stderr_fd: int, warm_cuda: int | None) -> NoReturn:
@@ -62,7 +62,7 @@ def _write_result(result: Any, paths: list[Path], local_ranks: int) -> None:
             dump_result(result, path, local_ranks)
             return
         except OSError:  # a full tmpfs (ENOSPC): the next place (the run directory) will do
-            path.with_name(path.name + ".tmp").unlink(missing_ok=True)
+            partial_path(path).unlink(missing_ok=True)
     dump_result(result, paths[-1], local_ranks)
 
 
@@ -105,11 +105,12 @@ def _create_cuda_context(index: int) -> None:
 
 
 def _run(conn: Connection, spec: RankSpec) -> int:
-    set_rank_title(spec.rank, spec.world_size, spec.name)
+    run = spec.run
+    set_rank_title(spec.rank, run.world_size, run.name)
     os.environ.clear()
-    os.environ.update(spec.env)
-    os.chdir(spec.cwd)
-    sys.path[:] = list(spec.sys_path)
+    os.environ.update(spec.env())
+    os.chdir(run.cwd)
+    sys.path[:] = list(run.sys_path)
     _apply_thread_limit()
     seeding.reseed()
     send = _locked_sender(conn)
@@ -118,7 +119,7 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     try:
         try:
             _call_initializers()
-            with open(spec.payload_path, "rb") as f:
+            with open(run.paths.payload, "rb") as f:
                 func, args, kwargs = load_payload(f)
             result = func(*args, **kwargs)
         finally:
@@ -128,7 +129,7 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     except BaseException as exc:  # the user's failure, whatever it is, goes back to the caller
         return _report_error(spec, send, exc, RAISED, _type_name(exc), exception_message(exc))
     try:
-        _write_result(result, spec.result_paths, spec.world_size)
+        _write_result(result, run.paths.results(spec.rank), run.world_size)
     except OSError as exc:  # no room left anywhere: say so, not "cannot be pickled"
         return _report_error(
             spec, send, exc, RESULT_NOT_WRITTEN, _type_name(result), exception_message(exc)
@@ -169,11 +170,10 @@ def _report_error(
         type_name=type_name,
         message=message,
         traceback_text=tb_text,
+        kind=kind,
         exception=_pickled_exception(exc) if kind == RAISED else None,
-        library_error=kind != RAISED,
-        extra={"kind": kind},
     )
-    _attempt(dump_to_file, record, spec.error_path)
+    _attempt(dump_to_file, record, spec.run.paths.error(spec.rank))
     # The launcher words a raising rank's summary itself ("rank N raised " + summary).
     summary = describe_exception(type_name, message) if kind == RAISED else failure
     _attempt(send, RankDone(ok=False, time=record.time, summary=summary))

@@ -1,9 +1,11 @@
 """Backends start a run's ranks somewhere and feed its events to a :class:`RunHandle`.
 
+Every backend receives the same record of a call, a :class:`~serverless_gpu.runspec.RunSpec`.
 The local backend forks ranks from a launcher process on this machine; a multi-node backend (Ray)
 implements the same small interface with the same events, results and failure semantics.
 """
 
-from .base import Backend, RunRequest
+from ..runspec import RunSpec
+from .base import Backend
 
-__all__ = ["Backend", "RunRequest"]
+__all__ = ["Backend", "RunSpec"]

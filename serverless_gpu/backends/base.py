@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..gpus import Placement
@@ -10,24 +9,11 @@ from ..handle import RunHandle
 from ..hooks import RunContext
 
 
-@dataclass(frozen=True)
-class RunRequest:
-    """One call, serialized and checked, ready to start."""
-
-    context: RunContext
-    payload: bytes
-    """``cloudpickle.dumps((func, args, kwargs))``, made once in the caller."""
-    env: dict[str, str]
-    """The caller's environment at call time, with the hooks' additions."""
-    cwd: str
-    sys_path: tuple[str, ...]
-    grace: float
-    """Seconds between SIGTERM and SIGKILL when ranks are stopped."""
-
-
 class Backend(Protocol):
-    def submit(self, request: RunRequest) -> RunHandle[Any]:
-        """Start the ranks; returns at once with a handle whose events are being fed."""
+    def submit(self, context: RunContext, payload: bytes) -> RunHandle[Any]:
+        """Start the ranks of ``context.spec`` (sealed: the one record of the call a backend
+        ships) with ``payload``, ``cloudpickle.dumps((func, args, kwargs))`` made once in the
+        caller; returns at once with a handle whose events are being fed."""
         ...
 
     def start(self) -> None:

@@ -28,11 +28,13 @@ from ..errors import DistributedError, LauncherError
 from ..events import RunFinished, RunStatus
 from ..gpus import Placement
 from ..handle import RunHandle
-from ..lifetime import bounded_grace, kill_group, signal_name
-from ..protocol import CancelRun, Exiting, Prewarm, RankGroups, RunAccepted, Shutdown, StartRun
+from ..hooks import RunContext
+from ..lifetime import kill_group, signal_name
+from ..protocol import CancelRun, Exiting, Prewarm, RankGroups, RunAccepted, Shutdown
 from ..rundirs import RUNS_DIR_ENV, drop_launcher_log, launcher_log_path, release_run
+from ..runpaths import RunPaths
+from ..runspec import RunSpec
 from ..system_metrics import DEFAULT_INTERVAL_S, SystemSampler
-from .base import RunRequest
 
 _SHUTDOWN_WAIT_S = 3.0
 OVERDUE_MARGIN_S = 15.0
@@ -79,7 +81,7 @@ class _LauncherProcess:
         self.exiting = False
         """The launcher has begun its shutdown (or is gone): it takes no more runs."""
         self.ended = False
-        self.unaccepted: dict[str, StartRun] = {}
+        self.unaccepted: dict[str, RunSpec] = {}
         """Runs sent but not accepted yet: sent again to a fresh launcher if this one exits."""
         self.runs: set[str] = set()
         """Runs this launcher accepted; it reports their end, or its exit fails them."""
@@ -100,7 +102,7 @@ class _LauncherProcess:
         with self.send_lock:
             self.conn.send(message)
 
-    def start_run(self, start: StartRun) -> None:
+    def start_run(self, start: RunSpec) -> None:
         """Hand a run to this launcher; raises _Gone if it takes no more runs."""
         with self.state_lock:
             if self.exiting:
@@ -231,22 +233,20 @@ class LocalBackend:
             self._resent.discard(event.run_id)
             self._run_over(event.run_id)
 
-    def _start_sampler(self, handle: RunHandle[Any]) -> None:
-        ctx = handle.context
-        env = {**os.environ, **ctx.env}  # what the ranks see
+    def _start_sampler(self, spec: RunSpec, handle: RunHandle[Any]) -> None:
+        env = spec.env  # what the ranks see
         every = float(env.get(METRICS_INTERVAL_ENV, DEFAULT_INTERVAL_S))
         if every <= 0:
             return
-        placement = ctx.placement
         sampler = SystemSampler(
-            ctx.run_id,
-            placement.device,
+            spec.run_id,
+            spec.device,
             env.get("CUDA_VISIBLE_DEVICES"),
-            placement.world_size,
+            spec.world_size,
             every,
             handle.push,
         )
-        self._samplers[ctx.run_id] = sampler
+        self._samplers[spec.run_id] = sampler
         sampler.start()
 
     def _run_over(self, run_id: str) -> None:
@@ -258,14 +258,14 @@ class LocalBackend:
         if watchdog is not None:
             watchdog.cancel()
 
-    def _start_watchdog(self, start: StartRun) -> None:
-        if start.timeout is None:
+    def _start_watchdog(self, spec: RunSpec) -> None:
+        if spec.timeout is None:
             return
-        after = start.timeout + bounded_grace(start.grace, start.timeout) + OVERDUE_MARGIN_S
-        watchdog = threading.Timer(after, self._overdue, (start.run_id, after))
+        after = spec.timeout + spec.grace + OVERDUE_MARGIN_S
+        watchdog = threading.Timer(after, self._overdue, (spec.run_id, after))
         watchdog.daemon = True
         watchdog.name = "serverless-gpu-watchdog"
-        self._watchdogs[start.run_id] = watchdog
+        self._watchdogs[spec.run_id] = watchdog
         watchdog.start()
 
     def _overdue(self, run_id: str, after: float) -> None:
@@ -282,7 +282,7 @@ class LocalBackend:
             launcher.stopped = True  # overdue already: its runs are not sent on
             launcher.proc.kill()
 
-    def _launcher_exited(self, launcher: _LauncherProcess, unaccepted: list[StartRun]) -> None:
+    def _launcher_exited(self, launcher: _LauncherProcess, unaccepted: list[RunSpec]) -> None:
         """The launcher ended: runs it never accepted go to a fresh one (once); runs it was
         running end with a clear error."""
         failed = [r for r in launcher.runs if r in self._handles]
@@ -309,7 +309,7 @@ class LocalBackend:
             self._resent.discard(run_id)
             self._run_over(run_id)
 
-    def _send_start(self, start: StartRun) -> None:
+    def _send_start(self, start: RunSpec) -> None:
         """Hand the run to a live launcher, starting a fresh one if the current one is exiting
         (a call made while it shuts down must not see it)."""
         reason = ""
@@ -322,43 +322,25 @@ class LocalBackend:
                 reason = str(exc)
         raise LauncherError(f"could not reach the launcher process: {reason}")
 
-    def submit(self, request: RunRequest) -> RunHandle[Any]:
-        ctx = request.context
+    def submit(self, context: RunContext, payload: bytes) -> RunHandle[Any]:
+        spec = context.spec
         try:
-            payload_path = _write_payload(ctx.run_dir, request.payload)
+            _write_payload(spec.paths, payload)
         except BaseException:
-            release_run(ctx.run_dir)  # no call will end: pruning may take the directory
+            release_run(spec.paths.run_dir)  # no call will end: pruning may take the directory
             raise
-        handle: RunHandle[Any] = RunHandle(ctx, lambda reason: self._cancel(ctx.run_id, reason))
-        self._handles[ctx.run_id] = handle
+        handle: RunHandle[Any] = RunHandle(context, lambda why: self._cancel(spec.run_id, why))
+        self._handles[spec.run_id] = handle
         # Registered before the launcher hears of the run, so that its RunFinished stops it.
-        self._start_sampler(handle)
-        placement = ctx.placement
-        start = StartRun(
-            run_id=ctx.run_id,
-            name=ctx.name,
-            run_dir=ctx.run_dir,
-            results_dir=ctx.results_dir,
-            payload_path=payload_path,
-            world_size=placement.world_size,
-            device=placement.device,
-            gpu_type=placement.gpu_type.value,
-            gpu_names=placement.gpu_names,
-            env=request.env,
-            cwd=request.cwd,
-            sys_path=request.sys_path,
-            timeout=ctx.timeout,
-            grace=request.grace,
-            standby=bool(ctx.options.get("standby", True)),
-        )
+        self._start_sampler(spec, handle)
         try:
-            self._start_watchdog(start)  # before the run can end, which cancels it
-            self._send_start(start)
+            self._start_watchdog(spec)  # before the run can end, which cancels it
+            self._send_start(spec)
         except BaseException:
-            self._handles.pop(ctx.run_id, None)
-            self._run_over(ctx.run_id)
-            payload_path.unlink(missing_ok=True)
-            release_run(ctx.run_dir)
+            self._handles.pop(spec.run_id, None)
+            self._run_over(spec.run_id)
+            spec.paths.payload.unlink(missing_ok=True)
+            release_run(spec.paths.run_dir)
             raise
         return handle
 
@@ -386,9 +368,9 @@ class LocalBackend:
             launcher.stop()
 
 
-def _write_payload(run_dir: Path, payload: bytes) -> Path:
+def _write_payload(paths: RunPaths, payload: bytes) -> None:
     """The call's pickled function and arguments, for every rank to read; all or nothing."""
-    path = run_dir / "payload.pkl"
+    path, run_dir = paths.payload, paths.run_dir
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
@@ -401,7 +383,6 @@ def _write_payload(run_dir: Path, payload: bytes) -> Path:
             "folder with more room.",
             run_dir=run_dir,
         ) from exc
-    return path
 
 
 _backends: weakref.WeakSet[LocalBackend] = weakref.WeakSet()

@@ -16,7 +16,7 @@ _missing_mlflow_warned: list[bool] = []
 
 
 def tracking_hook(ctx: RunContext) -> Subscriber | None:
-    if not ctx.options.get("tracking", True):
+    if not ctx.config.tracking:
         return None
     try:
         import mlflow  # noqa: F401 - the first tracked call pays for the import, once

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..events import RunFinished, RunStatus
+from ..runpaths import RunPaths
 from ..serialization import load_from_file
 from . import records
 
@@ -28,7 +29,7 @@ def mlflow_status(event: RunFinished) -> str:
     return MLFLOW_STATUS.get(event.status, "FAILED")
 
 
-def outcome_tags(event: RunFinished, run_dir: Path) -> dict[str, str]:
+def outcome_tags(event: RunFinished, paths: RunPaths) -> dict[str, str]:
     tags = {records.STATUS_TAG: event.status.value}
     if event.status is RunStatus.SUCCEEDED:
         return tags
@@ -36,18 +37,18 @@ def outcome_tags(event: RunFinished, run_dir: Path) -> dict[str, str]:
     # SIGKILL", "exceeded its timeout ...", or the reason given to cancel.
     cause = event.message or event.status.value
     tags[records.ERROR_TAG] = cause
-    tags[DESCRIPTION_TAG] = description(cause, event.root_cause_rank, run_dir)
+    tags[DESCRIPTION_TAG] = description(cause, event.root_cause_rank, paths)
     return tags
 
 
-def description(cause: str, rank: int | None, run_dir: Path) -> str:
+def description(cause: str, rank: int | None, paths: RunPaths) -> str:
     parts = [cause]
     if rank is not None:
-        log = run_dir / "logs" / f"rank_{rank}.txt"
-        detail = _traceback(run_dir / f"error_{rank}.pkl") or _tail(log)
+        log = paths.log(rank)
+        detail = _traceback(paths.error(rank)) or _tail(log)
         if detail:
             parts.append(f"```\n{detail.rstrip()}\n```")
-        parts.append(f"Rank {rank}'s full output: `{log}` (artifact `logs/rank_{rank}.txt`).")
+        parts.append(f"Rank {rank}'s full output: `{log}` (artifact `logs/{log.name}`).")
     text = "\n\n".join(parts)
     return text if len(text) <= _MAX_DESCRIPTION else "…" + text[-_MAX_DESCRIPTION:]
 

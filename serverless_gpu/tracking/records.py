@@ -26,7 +26,7 @@ CALLER_EXITED = "the calling process exited during the run"
 
 
 def run_params(ctx: RunContext) -> dict[str, str]:
-    gpus = ctx.options.get("gpus")
+    gpus = ctx.config.gpus
     return {
         PREFIX + "gpus": "all" if gpus is None else str(gpus),
         PREFIX + "gpu_type": ctx.placement.gpu_type.value,

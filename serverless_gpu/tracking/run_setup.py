@@ -35,8 +35,7 @@ class TrackedRun:
 
 
 def run_name(ctx: RunContext) -> str:
-    configured = ctx.options.get("run_name")
-    return str(configured) if configured else ctx.name.rsplit(".", 1)[-1]
+    return ctx.config.run_name or ctx.name.rsplit(".", 1)[-1]
 
 
 def open_run(ctx: RunContext, client: MlflowClient, uri: str, parent: Run | None) -> TrackedRun:

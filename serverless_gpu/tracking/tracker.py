@@ -71,7 +71,7 @@ def start_tracking(ctx: RunContext) -> RunTracker:
         ctx.links["mlflow"] = link
         ctx.metadata["mlflow_run_url"] = link
     upload_every = env_float(LOG_UPLOAD_INTERVAL_ENV, 60.0)
-    writer = Writer(client, run.run_id, ctx.run_dir / "logs", spill, upload_every, run.params)
+    writer = Writer(client, run.run_id, ctx.paths.logs, spill, upload_every, run.params)
     writer.private_artifacts = private.local_path(run.artifact_uri)
     writer.setup(records.run_params(ctx), records.run_tags(ctx))
     writer.run_later(partial(mark_training_experiment, client, run.experiment_id))
@@ -149,7 +149,7 @@ class RunTracker:
         elif isinstance(event, RunStarted):
             self._announce()
         elif isinstance(event, RunFinished):
-            self._finish(mlflow_status(event), outcome_tags(event, self.ctx.run_dir))
+            self._finish(mlflow_status(event), outcome_tags(event, self.ctx.paths))
         if self.writer is not None and self.writer.failure is not None:
             self.warn_untracked(self.writer.failure, started=True)
 
@@ -194,7 +194,7 @@ class RunTracker:
         warnings.warn(
             f"serverless_gpu: {self.ctx.name} {what} in MLflow ({self.uri}: "
             f"{type(reason).__name__}: {reason}). The run itself goes on; its logs are in "
-            f"{self.ctx.run_dir / 'logs'}, metrics not written to MLflow in {self.spill.path}.",
+            f"{self.ctx.paths.logs}, metrics not written to MLflow in {self.spill.path}.",
             TrackingWarning,
             stacklevel=3,
         )

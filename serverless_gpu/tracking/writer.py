@@ -21,6 +21,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
+from ..runpaths import LOG_GLOB
 from . import private
 from .spill import Spill
 
@@ -242,7 +243,7 @@ class Writer:
         self._log([], [], metrics)
 
     def _upload_logs(self) -> None:
-        for path in sorted(self.logs_dir.glob("rank_*.txt")):
+        for path in sorted(self.logs_dir.glob(LOG_GLOB)):
             self.client.log_artifact(self.run_id, str(path), "logs")
             if self.private_artifacts is not None:
                 private.make_private(self.private_artifacts / "logs" / path.name)

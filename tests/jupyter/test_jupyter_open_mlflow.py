@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from jupyter_ext.widget import WidgetRenderer
+from serverless_gpu.config import DistributedConfig
 from serverless_gpu.gpus import GPUType, Placement
 from serverless_gpu.hooks import RunContext
+from serverless_gpu.runpaths import RunPaths
+from serverless_gpu.runspec import RunSpec
 from serverless_gpu.tracking import stop_ui, store
 
 _START_BOUND_S = 150.0
@@ -34,7 +37,8 @@ def test_open_in_mlflow_starts_the_ui_in_the_background_and_links_the_run(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     placement = Placement(2, "cpu", GPUType.parse("cpu"), ())
-    ctx = RunContext("r1", "train", placement, None, tmp_path, {"tracking": True})
+    config = DistributedConfig(gpu_type="cpu", timeout=None)
+    ctx = RunContext(RunSpec("r1", "train", placement, RunPaths(tmp_path), config))
     renderer = WidgetRenderer(ctx, show=False)
     assert renderer.mlflow_button.layout.display == "none"  # not tracked (yet): no button
     link = store.run_link(uri, "0", "abc")

@@ -11,6 +11,7 @@ from jupyter_ext.formatting import rank_status, status_words, summary_rows
 from jupyter_ext.html_view import header_html, merged_lines_html, rank_status_html, record_html
 from jupyter_ext.metrics import metrics_text
 from jupyter_ext.runstate import RunView
+from serverless_gpu.config import DistributedConfig
 from serverless_gpu.events import (
     OutputLines,
     RankFinished,
@@ -23,6 +24,8 @@ from serverless_gpu.events import (
 )
 from serverless_gpu.gpus import GPUType, Placement
 from serverless_gpu.hooks import RunContext
+from serverless_gpu.runpaths import RunPaths
+from serverless_gpu.runspec import RunSpec
 from serverless_gpu.tracking.settings import MESSAGE_KIND
 
 RUN = "r1"
@@ -30,7 +33,8 @@ RUN = "r1"
 
 def _view(tmp_path: Path, ranks: int = 2, tracking: bool = True) -> RunView:
     placement = Placement(ranks, "cpu", GPUType.parse("cpu"), ())
-    ctx = RunContext(RUN, "train", placement, None, tmp_path, {"tracking": tracking})
+    config = DistributedConfig(gpu_type="cpu", timeout=None, tracking=tracking)
+    ctx = RunContext(RunSpec(RUN, "train", placement, RunPaths(tmp_path), config))
     return RunView(ctx)
 
 

@@ -1,0 +1,101 @@
+"""``DistributedConfig``: how a decorated function is run, checked once, carried as itself.
+
+The caller builds it with the decorator; it travels unchanged inside the run's ``RunSpec`` to
+the launcher, so every reader names a field, never a string key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TypeGuard
+
+from . import settings
+from .console import OUTPUT_CHOICES
+from .errors import ConfigurationError
+from .gpus import GPUType, check_cpu_count, check_gpu_count, cpu_mode_requested
+
+DEFAULT_TIMEOUT = 10800.0
+DEFAULT_GRACE = 1.0
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """How a decorated function is run. Every field is checked when the decorator is applied."""
+
+    gpus: int | None = None
+    """Ranks to start, one per GPU; ``None`` means every visible GPU (CPU mode: 2, or
+    ``$SERVERLESS_GPU_CPU_RANKS``). CPU mode runs at most ``settings.MAX_CPU_RANKS`` (64)."""
+    gpu_type: str | GPUType | None = None
+    """Expected accelerator (``"H100"``, ``"a10g"`` ...); ``None`` auto-detects; ``"cpu"`` runs
+    CPU ranks over gloo. A mismatch with the machine fails before launch."""
+    timeout: float | None = DEFAULT_TIMEOUT
+    """Seconds before every rank is killed and ``DistributedTimeoutError`` is raised; ``None``
+    disables the limit."""
+    output: str = "default"
+    """Which rank output is printed live: ``"default"`` (rank 0 and every rank's stderr),
+    ``"all"``, ``"rank0"`` or ``"none"``. Every rank's full log is on disk regardless."""
+    tracking: bool = True
+    """Track the call as an MLflow run when mlflow is installed."""
+    run_name: str | None = None
+    """Name of the MLflow run; defaults to the function's name."""
+    max_payload_bytes: int | None = None
+    """Limit on the pickled function and arguments, a positive number of bytes (default
+    ~100 MB, or ``$SERVERLESS_GPU_MAX_PAYLOAD_MB``); pickling stops as soon as it is passed."""
+    grace: float = DEFAULT_GRACE
+    """Seconds between SIGTERM and SIGKILL when ranks are stopped: finite, at most
+    ``settings.MAX_GRACE_S`` (60) and at most ``timeout`` (the default is shortened to a
+    shorter timeout)."""
+    standby: bool = True
+    """Prepare rank processes ahead of the call (launcher started at decoration time)."""
+
+    def __post_init__(self) -> None:
+        _check_timeout(self.timeout)
+        check_gpu_count(self.gpus)
+        if self.gpu_type is not None:
+            GPUType.parse(self.gpu_type)
+        if cpu_mode_requested(self.gpu_type):
+            check_cpu_count(self.gpus)
+        if self.output not in OUTPUT_CHOICES:
+            raise ConfigurationError(f"output must be one of {OUTPUT_CHOICES}, not {self.output!r}")
+        _check_grace(self.grace, self.timeout)
+        _check_options(self)
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_timeout(timeout: object) -> None:
+    if timeout is not None and not (_is_number(timeout) and math.isfinite(timeout) and timeout > 0):
+        raise ConfigurationError(
+            f"timeout must be a positive number of seconds or None, not {timeout!r}"
+        )
+
+
+def _check_grace(grace: object, timeout: float | None) -> None:
+    cap = settings.MAX_GRACE_S
+    if not (_is_number(grace) and 0 <= grace <= cap):
+        raise ConfigurationError(
+            f"grace must be a number of seconds from 0 to {cap:g}, not {grace!r}"
+        )
+    if timeout is not None and grace > timeout and grace != DEFAULT_GRACE:
+        raise ConfigurationError(
+            f"grace={grace!r} is longer than timeout={timeout!r}: a stopped rank may take up to "
+            "grace seconds to end, so it must not exceed the timeout"
+        )
+
+
+def _check_options(config: DistributedConfig) -> None:
+    limit = config.max_payload_bytes
+    if limit is not None and not (
+        isinstance(limit, int) and not isinstance(limit, bool) and limit > 0
+    ):
+        raise ConfigurationError(
+            f"max_payload_bytes must be a positive whole number of bytes or None, not {limit!r}"
+        )
+    for name in ("standby", "tracking"):
+        if not isinstance(getattr(config, name), bool):
+            raise ConfigurationError(f"{name} must be True or False, not {getattr(config, name)!r}")
+    if config.run_name is not None and not isinstance(config.run_name, str):
+        raise ConfigurationError(f"run_name must be a string or None, not {config.run_name!r}")

@@ -1,0 +1,81 @@
+"""The names of every file a run writes: the one place that spells them.
+
+A run directory holds the payload, each rank's log and error record, and (when no results twin
+takes them) the results. Where the roots are, how run directories are made and when they are
+pruned is ``rundirs.py``; this module only names what is inside.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+MARKER = ".serverless-gpu-run"
+"""In every run directory: the lock its caller holds while the run is live, and the caller's
+pid and start time (what decides liveness where the filesystem has no ``flock``)."""
+TWIN_OWNER = "run_dir"
+"""In every results twin: a link to its run directory."""
+RUN_NAME = re.compile(r"\d{8}-\d{6}-[A-Za-z0-9_.-]{0,40}-[0-9a-f]{12}")
+"""A run directory's (and its twin's) name: ``<date>-<time>-<function>-<12 hex>``."""
+LAUNCHER_LOG = re.compile(r"launcher-(\d+)\.log")
+"""A launcher's own output in the runs root, named for the caller's pid."""
+LOG_GLOB = "rank_*.txt"
+"""Every rank's log in :attr:`RunPaths.logs`."""
+
+
+def launcher_log(runs_root: Path, caller_pid: int) -> Path:
+    """Where the launcher of caller ``caller_pid`` writes its output."""
+    return runs_root / f"launcher-{caller_pid}.log"
+
+
+def run_dir_name(when: str, function: str, run_id: str) -> str:
+    """A run directory's name (see :data:`RUN_NAME`); ``function`` is made safe and short."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", function)[:40]
+    return f"{when}-{safe}-{run_id}"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every file of one run. Picklable: it travels with the run to the launcher and ranks."""
+
+    run_dir: Path
+    """The run's private directory (0700)."""
+    results_dir: Path | None = None
+    """The run's results twin on a tmpfs, tried first for results; None: the run directory."""
+
+    @property
+    def payload(self) -> Path:
+        """The pickled function and arguments, written once by the caller, read by every rank."""
+        return self.run_dir / "payload.pkl"
+
+    @property
+    def logs(self) -> Path:
+        """The folder of the ranks' logs (kept for the user)."""
+        return self.run_dir / "logs"
+
+    def log(self, rank: int) -> Path:
+        """Rank ``rank``'s stdout and stderr, as the launcher tees them."""
+        return self.logs / f"rank_{rank}.txt"
+
+    def error(self, rank: int) -> Path:
+        """Rank ``rank``'s ``ErrorRecord``, when it failed (kept for the user)."""
+        return self.run_dir / f"error_{rank}.pkl"
+
+    def results(self, rank: int) -> list[Path]:
+        """Where rank ``rank``'s result may be, preferred first: the results twin when there is
+        one (the rank falls back to the run directory when the tmpfs is full)."""
+        name = f"result_{rank}.pkl"
+        places = [self.run_dir / name]
+        return [self.results_dir / name, *places] if self.results_dir else places
+
+    def bulk_files(self) -> list[Path]:
+        """Files that may be large and are of no use once the call has ended: the payload and
+        results in the run directory (with their partial ``.tmp`` twins)."""
+        found = [p for p in self.run_dir.glob("result_*.pkl*") if p.is_file()]
+        return [self.payload, *found]
+
+    @property
+    def scratch(self) -> Path:
+        """A folder in the run directory for the run's own temporary files."""
+        return self.run_dir / "tmp"
