@@ -6,10 +6,11 @@ import time
 from collections import Counter
 from typing import Any
 
+from serverless_gpu.events import RankState
+
 from .ansi import strip_ansi
 from .runstate import RankView, RunView
 
-RANK_STATES = ("starting", "running", "done", "failed", "stopped", "cancelled")
 _FINAL_WORDS = {
     "succeeded": "succeeded",
     "failed": "failed",
@@ -43,7 +44,7 @@ def seconds(value: float | None) -> str:
 def rank_counts(view: RunView) -> str:
     """``"1 running, 1 done"`` in lifecycle order."""
     counts = Counter(rank.state for rank in view.ranks)
-    return ", ".join(f"{counts[s]} {s}" for s in RANK_STATES if counts[s])
+    return ", ".join(f"{counts[s]} {s}" for s in RankState if counts[s])
 
 
 def hardware_label(view: RunView) -> str:
@@ -59,7 +60,7 @@ def status_words(view: RunView) -> str:
 
 def rank_status(rank: RankView) -> str:
     """One line about a rank for the all-ranks view: its outcome, progress bar or last line."""
-    if rank.state in ("starting", "running"):
+    if rank.state in (RankState.STARTING, RankState.RUNNING):
         where = rank.progress()
         shown = str(where) if where is not None else strip_ansi(rank.last_line()).strip()
     else:
@@ -77,14 +78,16 @@ def header_text(view: RunView, now: float | None = None) -> str:
 
 def rank_outcome(rank: RankView) -> str:
     """What a rank ended with: its result's type, or why it failed or was stopped."""
-    if rank.state == "done":
+    if rank.state is RankState.DONE:
         return rank.result or rank.detail or "returned"
     return rank.detail
 
 
 def summary_rows(view: RunView, now: float | None = None) -> list[tuple[str, str, str, str]]:
     end = now or view.finished or time.time()
-    return [(str(r.rank), r.state, seconds(r.duration(end)), rank_outcome(r)) for r in view.ranks]
+    return [
+        (str(r.rank), str(r.state), seconds(r.duration(end)), rank_outcome(r)) for r in view.ranks
+    ]
 
 
 def final_line(view: RunView) -> str:

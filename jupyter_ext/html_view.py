@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import html
 
+from serverless_gpu.events import RankState, RunStatus
+
 from .ansi import ansi_to_html, strip_ansi
 from .formatting import (
     final_line,
@@ -21,16 +23,21 @@ from .formatting import (
 from .metrics import metrics_text
 from .runstate import RankView, RunView
 
-STATE_COLORS = {
-    "starting": "#888",
-    "running": "#1f6feb",
-    "done": "#1a7f37",
-    "failed": "#cf222e",
-    "stopped": "#bc4c00",
-    "cancelled": "#bc4c00",
-    "succeeded": "#1a7f37",
-    "timed_out": "#cf222e",
+_GREY, _BLUE, _GREEN, _RED, _ORANGE = "#888", "#1f6feb", "#1a7f37", "#cf222e", "#bc4c00"
+RANK_COLORS = {
+    RankState.STARTING: _GREY,
+    RankState.RUNNING: _BLUE,
+    RankState.DONE: _GREEN,
+    RankState.FAILED: _RED,
+    RankState.STOPPED: _ORANGE,
+    RankState.CANCELLED: _ORANGE,
 }
+STATE_COLORS = {
+    **{state.value: color for state, color in RANK_COLORS.items()},
+    RunStatus.SUCCEEDED.value: _GREEN,
+    RunStatus.TIMED_OUT.value: _RED,
+}
+"""Badge colours by the word on the badge: a rank's state or the run's status."""
 LINK_TITLES = {"mlflow": "MLflow run"}
 RECORD_TAIL = 20
 """Last lines per rank kept in the record (the full logs stay on disk)."""
@@ -40,7 +47,7 @@ _PRE = "margin:0;white-space:pre-wrap;word-break:break-all;font-size:12px;line-h
 
 
 def badge(text: str, state: str) -> str:
-    color = STATE_COLORS.get(state, "#888")
+    color = STATE_COLORS.get(state, _GREY)
     return (
         f'<span style="background:{color};color:#fff;border-radius:3px;padding:0 5px;'
         f'margin-right:4px;font-size:90%">{html.escape(text)}</span>'
@@ -126,7 +133,7 @@ def rank_status_html(view: RunView) -> str:
         rows.append(
             f'<div class="sgpu-rank-status" data-rank="{rank.rank}" style="white-space:nowrap;'
             f'overflow:hidden;text-overflow:ellipsis">{_prefix(rank.rank)}'
-            f"{badge(rank.state, rank.state)}{_code(shown)}</div>"
+            f"{badge(str(rank.state), str(rank.state))}{_code(shown)}</div>"
         )
     return f'<div style="font-size:12px;line-height:1.7">{"".join(rows)}</div>'
 
@@ -181,7 +188,7 @@ def _rank_tail(view: RunView, rank: RankView, tail: int) -> str:
     body = "".join(ansi_to_html(text) + "\n" for text in lines) or "(no output)"
     return (
         f'<details class="sgpu-record-rank" data-rank="{rank.rank}"{opened}>'
-        f"<summary>rank {rank.rank} &middot; {html.escape(rank.state)} &middot; last "
+        f"<summary>rank {rank.rank} &middot; {html.escape(str(rank.state))} &middot; last "
         f"{len(lines)} lines{more}</summary>"
         f'<pre style="{_PRE}">{body}</pre></details>'
     )

@@ -19,6 +19,7 @@ from serverless_gpu.events import (
     RankFinished,
     RankMessage,
     RankStarted,
+    RankState,
     RunFinished,
     RunStarted,
 )
@@ -40,9 +41,7 @@ def max_lines_setting() -> int:
 class RankView:
     rank: int
     max_lines: int
-    state: str = "starting"
-    """``starting``, ``running``, ``done``, ``failed``, ``stopped`` (by the library, because
-    another rank failed or the run timed out) or ``cancelled``."""
+    state: RankState = RankState.STARTING
     pid: int | None = None
     started: float | None = None
     finished: float | None = None
@@ -97,6 +96,8 @@ class RankView:
         return (self.finished or now) - self.started
 
 
+_INTERRUPTED = (RankState.STOPPED, RankState.STARTING, RankState.RUNNING)
+"""States the end of a run turns into its stop reason (unless the rank is the root cause)."""
 STARTING_PHASES = ("MLflow run", "launcher", "ranks")
 """What a run waits for before its ranks run, in order (the header says which)."""
 
@@ -152,22 +153,22 @@ class RunView:
 
     def _rank_started(self, event: RankStarted) -> None:
         rank = self.ranks[event.rank]
-        rank.state, rank.pid, rank.started = "running", event.pid, event.time
+        rank.state, rank.pid, rank.started = RankState.RUNNING, event.pid, event.time
         rank.version += 1
         self.status = "running"
 
     def _rank_finished(self, event: RankFinished) -> None:
         rank = self.ranks[event.rank]
         rank.finished = event.time
-        if event.state.value == "killed":
-            # Killed by a signal: the library stopping it (another rank failed, a timeout, a
-            # cancel), unless RunFinished names this rank as the root cause; it says which.
-            rank.state, rank.detail = "stopped", ""
+        rank.state = event.state
+        if event.state is RankState.STOPPED:
+            # The library stopped it (another rank failed, a timeout, a cancel), unless
+            # RunFinished names this rank as the root cause; it says which.
+            rank.detail = ""
         else:
-            rank.state = event.state.value
             if event.summary:
                 rank.detail = _without_rank(event.rank, event.summary)
-            elif event.state.value != "done":
+            elif event.state is not RankState.DONE:
                 rank.detail = f"exited with code {event.exit_code}"
         rank.provisional.clear()
         rank.version += 1
@@ -180,10 +181,10 @@ class RunView:
         self.root_cause_rank = root
         for rank in self.ranks:
             if rank.rank == root:
-                rank.state = "failed"
+                rank.state = RankState.FAILED
                 cause = getattr(event, "cause", "") or _without_rank(root, event.message)
                 rank.detail = _without_rank(root, cause) or rank.detail
-            elif rank.state in ("stopped", "starting", "running"):
+            elif rank.state in _INTERRUPTED:
                 rank.state, rank.detail = self._stop_reason()
             rank.version += 1
 
@@ -191,18 +192,18 @@ class RunView:
         """The call raised before the run started; no event will come."""
         self.status, self.finished, self.message = "failed", time.time(), message
         for rank in self.ranks:
-            rank.state, rank.detail = "stopped", "the run did not start"
+            rank.state, rank.detail = RankState.STOPPED, "the run did not start"
             rank.version += 1
 
-    def _stop_reason(self) -> tuple[str, str]:
+    def _stop_reason(self) -> tuple[RankState, str]:
         """State and detail of a rank the library stopped, in the words of the run's end."""
         if self.status == "cancelled":
-            return "cancelled", ""
+            return RankState.CANCELLED, ""
         if self.status == "timed_out":
-            return "stopped", "the run timed out"
+            return RankState.STOPPED, "the run timed out"
         if self.root_cause_rank is not None:
-            return "stopped", f"rank {self.root_cause_rank} failed"
-        return "stopped", "the run failed"
+            return RankState.STOPPED, f"rank {self.root_cause_rank} failed"
+        return RankState.STOPPED, "the run failed"
 
     @property
     def done(self) -> bool:

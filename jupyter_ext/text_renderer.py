@@ -12,7 +12,7 @@ import time
 from typing import TextIO
 
 from serverless_gpu.console import ConsolePrinter
-from serverless_gpu.events import OutputLines, RankFinished, RunFinished, RunStarted
+from serverless_gpu.events import OutputLines, RankFinished, RankState, RunFinished, RunStarted
 from serverless_gpu.hooks import RunContext
 
 from .formatting import hardware_label, links_text, summary_text
@@ -46,7 +46,7 @@ class TextRenderer:
             self._write(self._header())
         elif isinstance(event, OutputLines) and self._selection.wants(event.rank, event.stream):
             self._write("".join(self._lines(event)))
-        elif isinstance(event, RankFinished) and event.state.value == "failed":
+        elif isinstance(event, RankFinished) and event.state is RankState.FAILED:
             detail = self.view.ranks[event.rank].detail
             self._write(f"serverless_gpu: rank {event.rank} failed ({detail})\n")
         elif isinstance(event, RunFinished):

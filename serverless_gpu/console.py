@@ -10,7 +10,7 @@ import sys
 import time
 from typing import TextIO
 
-from .events import Event, OutputLines, RankFinished, RunFinished, RunStarted
+from .events import Event, OutputLines, RankFinished, RankState, RunFinished, RunStarted
 from .runpaths import RunPaths
 
 OUTPUT_CHOICES = ("default", "all", "rank0", "none")
@@ -48,9 +48,9 @@ class ConsolePrinter:
             )
         elif isinstance(event, OutputLines) and self.wants(event.rank, event.stream):
             self._write("".join(self._format(event, line) for line in event.lines))
-        elif isinstance(event, RankFinished) and event.state.value not in ("done", "killed"):
+        elif isinstance(event, RankFinished) and event.state is RankState.FAILED:
             how = event.signal_name or f"exit code {event.exit_code}"
-            self._write(f"serverless_gpu: rank {event.rank} {event.state.value} ({how})\n")
+            self._write(f"serverless_gpu: rank {event.rank} {event.state} ({how})\n")
         elif isinstance(event, RunFinished):
             elapsed = event.time - self._started if self._started else 0.0
             detail = f": {event.message}" if event.message else ""

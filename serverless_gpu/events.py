@@ -35,13 +35,28 @@ class RunStatus(str, enum.Enum):
 
 
 class RankState(str, enum.Enum):
-    """Lifecycle of one rank, as the renderer shows it."""
+    """Lifecycle of one rank, in this order: the launcher's supervisor, the console, the
+    renderers and their summaries all speak of a rank in these states."""
 
     STARTING = "starting"
+    """Forked, waiting for its spec or loading the payload."""
     RUNNING = "running"
+    """In the user's function."""
     DONE = "done"
+    """Returned; its result is written."""
     FAILED = "failed"
-    KILLED = "killed"
+    """Raised, crashed or exited without a result; or the root cause of a failed run."""
+    STOPPED = "stopped"
+    """Stopped by the library (another rank failed, the run timed out or was cancelled)."""
+    CANCELLED = "cancelled"
+    """Stopped because the user cancelled the run (the renderers' word; the launcher reports
+    such a rank as ``STOPPED``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 @dataclass(frozen=True)

@@ -324,9 +324,9 @@ class Launcher:
 
     def _known_pids(self) -> set[int]:
         """Ranks (of runs and standby) not reaped yet; any other child is an adopted orphan."""
-        groups = [run.ranks for run in self.runs.values()] + list(self.standby.values())
-        groups.append(self.retired)
-        return {r.pid for group in groups for r in group if r.exit_status is None}
+        pids = {pid for run in self.runs.values() for pid in run.unreaped_pids()}
+        groups = [*self.standby.values(), self.retired]
+        return pids | {r.pid for group in groups for r in group if r.exit_status is None}
 
     def _kill_adopted(self) -> None:
         """End what ranks left behind outside their process groups (a daemon that called
@@ -343,7 +343,9 @@ class Launcher:
     def _reap_all(self) -> None:
         """Reap every rank that has exited (its pid stays reserved until then), then the
         orphans it left to this subreaper (a killed rank's children)."""
-        for group in [run.ranks for run in self.runs.values()] + list(self.standby.values()):
+        for run in self.runs.values():
+            run.reap()
+        for group in self.standby.values():
             for r in group:
                 r.poll()
         self._reap_retired()
@@ -351,9 +353,9 @@ class Launcher:
 
     def all_pids(self) -> list[int]:
         """Ranks not reaped yet: a reaped rank's pid (and group id) may belong to someone else."""
-        ranks = [r for run in self.runs.values() for r in run.ranks]
-        ranks += [r for group in self.standby.values() for r in group]
-        return [r.pid for r in ranks if r.exit_status is None]
+        pids = [pid for run in self.runs.values() for pid in run.unreaped_pids()]
+        standby = [r for group in self.standby.values() for r in group]
+        return pids + [r.pid for r in standby if r.exit_status is None]
 
     def shutdown(self) -> None:
         self.running = False  # also stops runs that end now from preparing new standby ranks
@@ -364,8 +366,7 @@ class Launcher:
         terminate_groups(pids, 1.0, reap=self._reap_all)
         reaped_by = time.monotonic() + _REAP_AT_EXIT_S
         for run in list(self.runs.values()):
-            for r in run.ranks:
-                r.reap_by(reaped_by)
+            run.reap_by(reaped_by)
             run.finish_now()
             self._close_run(run)
         standby = [r for group in self.standby.values() for r in group]

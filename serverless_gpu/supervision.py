@@ -12,6 +12,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,6 +38,25 @@ _DRAIN_ROUNDS = 64
 """Reads of an exited rank's channel (16 MiB each) before its last messages are given up."""
 
 
+@dataclass
+class _Rank:
+    """One rank of the run, as the supervisor follows it."""
+
+    proc: RankProcess
+    state: RankState = RankState.STARTING
+    summary: str = ""
+    """What it returned (type, shape) or raised, in one line (``RankDone.summary``)."""
+    exited: bool = False
+    """Its exit has been seen and reported (``RankFinished``)."""
+    hung_up: bool = False
+    """Its channel reached end of file."""
+
+    @property
+    def running(self) -> bool:
+        """Not yet returned or failed: what a stop interrupts."""
+        return self.state in (RankState.STARTING, RankState.RUNNING)
+
+
 class RunSupervisor:
     """Owns the ranks of one call from spec to the last exit."""
 
@@ -49,19 +69,16 @@ class RunSupervisor:
         selector: selectors.BaseSelector,
     ) -> None:
         self.spec = spec
-        self.ranks = ranks
+        self.ranks = [_Rank(proc) for proc in ranks]
         self.master_port = master_port
         self.emit = emit
         self.selector = selector
         self.status = RunStatus.RUNNING
         self.message = ""
         self.failures: list[tuple[float, int, str]] = []
-        self.returned: set[int] = set()
-        self.raised: set[int] = set()
-        self.exited: set[int] = set()
-        self.hung_up: set[int] = set()
-        self.summaries: dict[int, str] = {}
+        """Each rank's failure: when, which rank, what (``"raised ValueError: x"``)."""
         self.unfinished: tuple[int, ...] = ()
+        """Ranks that were still running when the run was stopped."""
         self.stopping = False
         self.kill_deadline: float | None = None
         self.grace = spec.grace
@@ -79,7 +96,7 @@ class RunSupervisor:
             raise
 
     def start(self) -> None:
-        for rank, proc in enumerate(self.ranks):
+        for rank, proc in enumerate(self.procs()):
             proc.channel.attach(
                 self.selector, functools.partial(self._guarded, self._on_message, rank)
             )
@@ -91,6 +108,26 @@ class RunSupervisor:
             # Buffered: a rank that does not read must not stall the launcher. One that died
             # already is reported through its pidfd.
             proc.channel.send(RankSpec(self.spec, rank, self.master_port))
+
+    def procs(self) -> list[RankProcess]:
+        return [r.proc for r in self.ranks]
+
+    def unreaped_pids(self) -> list[int]:
+        """This run's ranks not reaped yet: a reaped rank's pid may belong to someone else."""
+        return [r.proc.pid for r in self.ranks if r.proc.exit_status is None]
+
+    def reap(self) -> None:
+        """Reap every rank that has exited (its pid stays reserved until then)."""
+        for r in self.ranks:
+            r.proc.poll()
+
+    def reap_by(self, deadline: float) -> None:
+        """For shutdown, after SIGKILL: wait until ``deadline`` for each rank to be gone."""
+        for r in self.ranks:
+            r.proc.reap_by(deadline)
+
+    def _running(self) -> list[int]:
+        return [i for i, r in enumerate(self.ranks) if r.running]
 
     def _cb(self, method: Callable[..., None], *args: Any) -> Callable[[Any], None]:
         return lambda _fd: self._guarded(method, *args)
@@ -114,41 +151,41 @@ class RunSupervisor:
     def _on_message(self, rank: int) -> bool:
         """Handle what the rank's channel holds; True while there may be more to read (a
         large message may take several reads)."""
-        proc = self.ranks[rank]
+        r = self.ranks[rank]
+        proc = r.proc
         messages, eof = proc.channel.receive()
         for message in messages:
             self._dispatch(rank, message)
-        if eof and rank not in self.hung_up:
-            self.hung_up.add(rank)
+        if eof and not r.hung_up:
+            r.hung_up = True
             proc.channel.detach()
         return proc.channel.last_read > 0 and not eof
 
     def _dispatch(self, rank: int, message: Any) -> None:
-        proc = self.ranks[rank]
+        r = self.ranks[rank]
         if isinstance(message, Undecodable):
             log(f"rank {rank} sent a message the launcher cannot load: {message.error!r}")
         elif isinstance(message, UserCodeStarted):
-            self.emit(RankStarted(self.spec.run_id, rank, proc.pid, message.time))
+            r.state = RankState.RUNNING
+            self.emit(RankStarted(self.spec.run_id, rank, r.proc.pid, message.time))
         elif isinstance(message, RankDone) and message.ok:
-            self.summaries[rank] = message.summary
-            self.returned.add(rank)
-            if len(self.returned) == len(self.ranks) and not self.stopping:
+            r.state, r.summary = RankState.DONE, message.summary
+            if all(x.state is RankState.DONE for x in self.ranks) and not self.stopping:
                 self._release_all()
         elif isinstance(message, ToCaller):
             self.emit(RankMessage(self.spec.run_id, rank, message.kind, message.data, message.time))
         elif isinstance(message, RankDone):
-            self.summaries[rank] = message.summary
-            self.raised.add(rank)
+            r.state, r.summary = RankState.FAILED, message.summary
             self.failures.append((message.time, rank, f"raised {message.summary}"))
             self._stop(RunStatus.FAILED)
 
     def _release_all(self) -> None:
-        for proc in self.ranks:
-            proc.channel.send(Release())
+        for r in self.ranks:
+            r.proc.channel.send(Release())
         self.kill_deadline = time.monotonic() + _RELEASE_GRACE_S
 
     def _on_output(self, rank: int, stream: str) -> None:
-        proc = self.ranks[rank]
+        proc = self.ranks[rank].proc
         data, eof = proc.read(stream)
         now = time.monotonic()
         if data:
@@ -194,42 +231,43 @@ class RunSupervisor:
 
     def next_wake(self) -> float | None:
         """When a paused output stream is due to be read (see OutputPacer)."""
-        return min((t for p in self.ranks if (t := p.pacer.next_due()) is not None), default=None)
+        due = (t for r in self.ranks if (t := r.proc.pacer.next_due()) is not None)
+        return min(due, default=None)
 
     def _on_exit(self, rank: int) -> None:
-        proc = self.ranks[rank]
-        status = proc.poll()
-        if status is None or rank in self.exited:
+        r = self.ranks[rank]
+        status = r.proc.poll()
+        if status is None or r.exited:
             return
-        self.exited.add(rank)
-        self.selector.unregister(proc.pidfd)
+        r.exited = True
+        self.selector.unregister(r.proc.pidfd)
         for _ in range(_DRAIN_ROUNDS):  # a RankDone sent just before exiting
-            if rank in self.hung_up or not self._on_message(rank):
+            if r.hung_up or not self._on_message(rank):
                 break
-        for stream in list(proc.pipes):
+        for stream in list(r.proc.pipes):
             self._on_output(rank, stream)
-        state = self._classify_exit(rank, status)
+        r.state = self._classify_exit(rank, status)
         self.emit(
             RankFinished(
                 self.spec.run_id,
                 rank,
-                state,
+                r.state,
                 status,
                 signal_name(status),
                 time.time(),
-                self.summaries.get(rank, ""),
+                r.summary,
             )
         )
-        if len(self.exited) == len(self.ranks):
+        if all(x.exited for x in self.ranks):
             self._finish()
 
     def _classify_exit(self, rank: int, status: int) -> RankState:
-        if rank in self.returned:
-            return RankState.DONE
-        if rank in self.raised:
-            return RankState.FAILED
+        """The state a rank ends in; a rank that ended on its own while running fails the run."""
+        state = self.ranks[rank].state
+        if state in (RankState.DONE, RankState.FAILED):
+            return state
         if self.stopping:
-            return RankState.KILLED
+            return RankState.STOPPED
         sig = signal_name(status)
         if sig is not None:
             what = f"was killed by {sig}"
@@ -252,12 +290,10 @@ class RunSupervisor:
         self.stopping = True
         self.status = status
         self.message = message
-        self.unfinished = tuple(
-            r for r in range(len(self.ranks)) if r not in self.returned | self.raised
-        )
-        for rank, proc in enumerate(self.ranks):
-            if rank not in self.exited | self.raised:  # a rank that raised is exiting already
-                kill_group(proc.pid, signal.SIGTERM)
+        self.unfinished = tuple(self._running())
+        for r in self.ranks:
+            if not r.exited and r.state is not RankState.FAILED:  # one that raised is exiting
+                kill_group(r.proc.pid, signal.SIGTERM)
         self.kill_deadline = time.monotonic() + self.grace
 
     def tick(self, now: float, read_output: bool = True) -> None:
@@ -266,7 +302,7 @@ class RunSupervisor:
         if read_output:
             self._read_due_output(now)
         if self.deadline is not None and now >= self.deadline and not self.stopping:
-            running = [r for r in range(len(self.ranks)) if r not in self.returned | self.raised]
+            running = self._running()
             limit = self.spec.timeout or 0.0
             self._stop(
                 RunStatus.TIMED_OUT,
@@ -274,12 +310,12 @@ class RunSupervisor:
                 + ", ".join(map(str, running)),
             )
         if self.kill_deadline is not None and now >= self.kill_deadline:
-            for rank, proc in enumerate(self.ranks):
-                if rank not in self.exited:
-                    kill_group(proc.pid, signal.SIGKILL)
+            for r in self.ranks:
+                if not r.exited:
+                    kill_group(r.proc.pid, signal.SIGKILL)
 
     def _read_due_output(self, now: float) -> None:
-        for rank, proc in enumerate(self.ranks):
+        for rank, proc in enumerate(self.procs()):
             for stream in proc.pacer.due(now):
                 self._on_output(rank, stream)
             for stream, splitter in proc.splitters.items():
@@ -314,14 +350,14 @@ class RunSupervisor:
 
     def finish_now(self) -> None:
         """For launcher shutdown: every rank has been reaped outside the select loop."""
-        for rank, proc in enumerate(self.ranks):
-            if rank not in self.exited and proc.exit_status is not None:
-                self.exited.add(rank)
+        for r in self.ranks:
+            if r.proc.exit_status is not None:
+                r.exited = True
         if not self.finished:
             self._finish()
 
     def close(self) -> None:
-        for proc in self.ranks:
+        for proc in self.procs():
             for fd in proc.open_fds():
                 try:
                     self.selector.unregister(fd)

@@ -45,7 +45,7 @@ def _start(view: RunView) -> None:
 
 
 def _killed(rank: int) -> RankFinished:
-    return RankFinished(RUN, rank, RankState.KILLED, -15, "SIGTERM", 5.0)
+    return RankFinished(RUN, rank, RankState.STOPPED, -15, "SIGTERM", 5.0)
 
 
 def test_a_peer_stopped_for_a_failure_says_which_rank_failed(tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_a_peer_stopped_for_a_failure_says_which_rank_failed(tmp_path: Path) -> 
 def test_a_crash_is_worded_like_a_raise(tmp_path: Path) -> None:
     view = _view(tmp_path)
     _start(view)
-    view.apply(RankFinished(RUN, 0, RankState.KILLED, -9, "SIGKILL", 4.0))
+    view.apply(RankFinished(RUN, 0, RankState.STOPPED, -9, "SIGKILL", 4.0))
     view.apply(_killed(1))
     view.apply(RunFinished(RUN, RunStatus.FAILED, 0, "rank 0 was killed by SIGKILL", (1,), 5.0))
     rows = [(state, outcome) for _rank, state, _time, outcome in summary_rows(view)]
