@@ -109,7 +109,7 @@ class Launcher:
                     key.data(key.fileobj)
             now = time.monotonic()
             for run in list(self.runs.values()):
-                run._guarded(run.tick, now, not backlog)
+                run.tick(now, not backlog)
                 if run.finished:
                     self._close_run(run)
             self._reap_retired()

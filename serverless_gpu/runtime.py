@@ -78,6 +78,12 @@ _channel: Callable[[str, Any], None] | None = None
 _exit_callbacks: list[Callable[[], None]] = []
 
 
+def connect(channel: Callable[[str, Any], None]) -> None:
+    """Where :func:`send_to_caller` sends: the worker connects it when the rank's call starts."""
+    global _channel
+    _channel = channel
+
+
 def send_to_caller(kind: str, data: Any) -> None:
     """Send picklable ``data`` to the caller's subscribers as a ``RankMessage`` event."""
     if _channel is None:
@@ -90,6 +96,8 @@ def on_rank_exit(callback: Callable[[], None]) -> None:
     _exit_callbacks.append(callback)
 
 
-def _run_exit_callbacks() -> None:
+def run_exit_callbacks() -> None:
+    """Run (and forget) what :func:`on_rank_exit` registered; the worker calls it once the
+    user's function has ended."""
     while _exit_callbacks:
         _exit_callbacks.pop(0)()

@@ -299,6 +299,9 @@ class RunSupervisor:
     def tick(self, now: float, read_output: bool = True) -> None:
         """Timers: paused output streams, idle partial lines, the timeout, the SIGKILL after
         the grace period. ``read_output=False`` while the caller is not reading."""
+        self._guarded(self._tick, now, read_output)
+
+    def _tick(self, now: float, read_output: bool) -> None:
         if read_output:
             self._read_due_output(now)
         if self.deadline is not None and now >= self.deadline and not self.stopping:

@@ -114,7 +114,7 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     _apply_thread_limit()
     seeding.reseed()
     send = _locked_sender(conn)
-    runtime._channel = lambda kind, data: send(ToCaller(kind, data, time.time()))
+    runtime.connect(lambda kind, data: send(ToCaller(kind, data, time.time())))
     send(UserCodeStarted(time.time()))
     try:
         try:
@@ -222,7 +222,7 @@ def _call_initializers() -> None:
 
 def _exit_callbacks_quietly() -> None:
     try:
-        runtime._run_exit_callbacks()
+        runtime.run_exit_callbacks()
     except Exception:  # a failing flush must not hide the user's own result or error
         _attempt(traceback.print_exc)  # nor may stderr, if the function closed it
 

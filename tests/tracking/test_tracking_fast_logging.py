@@ -97,7 +97,7 @@ def test_rank_initializer_patches_mlflow_when_it_is_imported() -> None:
         "from serverless_gpu import runtime\n"
         "from serverless_gpu.tracking import rank\n"
         "sent = []\n"
-        "runtime._channel = lambda kind, data: sent.append(data)\n"
+        "runtime.connect(lambda kind, data: sent.append(data))\n"
         "rank.install()\n"
         "assert 'mlflow' not in sys.modules\n"
         "import mlflow, importlib.machinery\n"
@@ -106,7 +106,7 @@ def test_rank_initializer_patches_mlflow_when_it_is_imported() -> None:
         "assert getattr(mlflow.log_metric, '__serverless_gpu_fast__')\n"
         "assert isinstance(mlflow.__loader__, importlib.machinery.SourceFileLoader)\n"
         "mlflow.log_metric('loss', 1.5, step=2)\n"
-        "runtime._run_exit_callbacks()\n"
+        "runtime.run_exit_callbacks()\n"
         "assert sent[0]['metrics'][0][0:2] == ('loss', 1.5), sent\n"
         "print('ok')\n"
     )
