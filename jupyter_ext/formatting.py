@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any
 
 from serverless_gpu.events import RankState
 
@@ -17,24 +16,6 @@ _FINAL_WORDS = {
     "cancelled": "was cancelled",
     "timed_out": "timed out",
 }
-
-
-def describe_value(value: Any) -> str:
-    """A short type-and-shape description: ``Tensor (2, 3) torch.float32``, ``list[4]``."""
-    kind = type(value).__name__
-    shape = getattr(value, "shape", None)
-    if shape is not None and not callable(shape):
-        try:
-            dims = tuple(int(d) for d in shape)
-        except (TypeError, ValueError):  # symbolic or odd shapes: show them as they print
-            dims = None
-        dtype = getattr(value, "dtype", None)
-        return " ".join(filter(None, [kind, str(dims if dims is not None else shape), str(dtype)]))
-    if isinstance(value, (list, tuple, dict, set, frozenset)):
-        return f"{kind}[{len(value)}]"
-    if isinstance(value, (bool, int, float, complex)) or value is None:
-        return f"{kind} {value!r}"[:60]
-    return kind
 
 
 def seconds(value: float | None) -> str:

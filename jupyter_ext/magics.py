@@ -21,11 +21,11 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
 
 from serverless_gpu import ConfigurationError, DistributedConfig, DistributedFunction, RunResult
+from serverless_gpu.describe import describe_value
 from serverless_gpu.errors import DistributedError
 
 from . import magic_args
 from .cellfunc import EmptyCellError, build_cell_function
-from .formatting import describe_value
 from .hook import abandon_unstarted, renderer_for
 from .tracebacks import Labeler, attach, clean_traceback, ipython_labeler
 

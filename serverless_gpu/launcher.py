@@ -69,7 +69,7 @@ class StartFailed(Exception):
     """A run could not be started; the message is what the caller reads."""
 
 
-class Launcher:
+class LauncherLoop:
     """The select loop: caller messages, rank messages, rank output, rank exits, timers."""
 
     def __init__(self, caller: Channel, caller_pidfd: int | None = None) -> None:
@@ -438,7 +438,7 @@ def main(argv: list[str]) -> int:
     caller_pidfd = _watch_parent()
     become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides what an interrupt means
-    started: list[Launcher] = []
+    started: list[LauncherLoop] = []
 
     def on_term(*_: object) -> None:
         # Once serving, end the loop rather than raise: the caller's death brings both EOF and
@@ -456,7 +456,7 @@ def main(argv: list[str]) -> int:
 
     from . import runtime, worker  # noqa: F401
 
-    launcher = Launcher(caller, caller_pidfd)
+    launcher = LauncherLoop(caller, caller_pidfd)
     started.append(launcher)
     try:
         launcher.serve()

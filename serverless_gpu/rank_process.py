@@ -106,8 +106,9 @@ def _pipe(opened: list[int]) -> tuple[int, int]:
     return r, w
 
 
-def fork_rank(warm_cuda: int | None, title: str) -> RankProcess:
-    """Fork a rank that waits for its spec; with ``warm_cuda`` it first creates a CUDA context.
+def fork_rank(warm_gpu: int | None, title: str) -> RankProcess:
+    """Fork a rank that waits for its spec; it first creates a CUDA context on GPU ``warm_gpu``
+    (an index) unless that is None.
 
     ``title`` names the process until its spec arrives (``standby cpu``). Raises ``OSError``
     when the fork fails (process limit), with nothing left open.
@@ -117,7 +118,7 @@ def fork_rank(warm_cuda: int | None, title: str) -> RankProcess:
     try:
         out_r, out_w = _pipe(fds)
         err_r, err_w = _pipe(fds)
-        pid = _fork(child_sock, out_w, err_w, warm_cuda, title)
+        pid = _fork(child_sock, out_w, err_w, warm_gpu, title)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -135,7 +136,7 @@ def fork_rank(warm_cuda: int | None, title: str) -> RankProcess:
 
 
 def _fork(
-    child_sock: socket.socket, out_w: int, err_w: int, warm_cuda: int | None, title: str
+    child_sock: socket.socket, out_w: int, err_w: int, warm_gpu: int | None, title: str
 ) -> int:
     # Until the child has reset the launcher's signal handlers, a TERM must not run launcher
     # code in it: block the signals across fork; rank_main unblocks them.
@@ -146,7 +147,7 @@ def _fork(
             from .worker import rank_main
 
             set_title(title)
-            rank_main(Connection(child_sock.detach()), out_w, err_w, warm_cuda)
+            rank_main(Connection(child_sock.detach()), out_w, err_w, warm_gpu)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     return pid

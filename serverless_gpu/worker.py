@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 import cloudpickle
 
 from . import runtime, seeding, sources
+from .describe import describe_value
 from .env import RANK_INIT_ENV
 from .errors import (
     CONNECTION_LOST,
@@ -39,13 +40,13 @@ from .protocol import ErrorRecord, RankDone, RankSpec, Release, ToCaller, UserCo
 from .serialization import dump_result, dump_to_file, load_payload, partial_path
 
 
-def rank_main(conn: Connection, stdout_fd: int, stderr_fd: int, warm_cuda: int | None) -> NoReturn:
+def rank_main(conn: Connection, stdout_fd: int, stderr_fd: int, warm_gpu: int | None) -> NoReturn:
     """Entry point of a freshly forked rank process."""
     code = 70  # EX_SOFTWARE: reached only if the code below itself breaks
     try:
         _become_rank_process(stdout_fd, stderr_fd, conn.fileno())
-        if warm_cuda is not None:
-            _create_cuda_context(warm_cuda)
+        if warm_gpu is not None:
+            _create_cuda_context(warm_gpu)
         spec = conn.recv()
         if isinstance(spec, RankSpec):
             code = _run(conn, spec)
@@ -139,7 +140,7 @@ def _run(conn: Connection, spec: RankSpec) -> int:
             spec, send, exc, UNPICKLABLE_RESULT, _type_name(result), exception_message(exc)
         )
     try:
-        send(RankDone(ok=True, time=time.time(), summary=_summary(result)))
+        send(RankDone(ok=True, time=time.time(), summary=describe_value(result)))
     except OSError as exc:  # the function closed our connection: the result cannot be announced
         return _report_error(spec, send, exc, CONNECTION_LOST, _type_name(result), "")
     _flush()
@@ -240,28 +241,6 @@ def _exit_code(exc: SystemExit) -> int:
         return exc.code
     print(exc.code, file=sys.stderr)
     return 1
-
-
-def summarize(value: Any) -> str:
-    """A short description of a result for renderers: type, and shape or size."""
-    kind = type(value).__qualname__
-    shape = getattr(value, "shape", None)
-    if shape is not None:
-        return f"{kind} {tuple(shape)} {getattr(value, 'dtype', '')}".strip()
-    if isinstance(value, (list, tuple, dict, set)):
-        return f"{kind} of {len(value)}"
-    if value is None or isinstance(value, (bool, int, float)):
-        return f"{kind} {value!r}"
-    if isinstance(value, str):
-        return f"str of {len(value)} chars"
-    return kind
-
-
-def _summary(value: Any) -> str:
-    try:
-        return summarize(value)
-    except Exception:  # a result whose .shape raises is still a result
-        return type(value).__qualname__
 
 
 def _type_name(value: Any) -> str:

@@ -46,7 +46,7 @@ class _Gone(Exception):
     """This launcher takes no more runs (it is exiting or has exited)."""
 
 
-class _LauncherProcess:
+class _LauncherClient:
     """One running launcher and the thread that reads its events."""
 
     def __init__(self, on_message: Any, on_exit: Any) -> None:
@@ -192,7 +192,7 @@ class LocalBackend:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._launcher: _LauncherProcess | None = None
+        self._launcher: _LauncherClient | None = None
         self._handles: dict[str, RunHandle[Any]] = {}
         self._samplers: dict[str, SystemSampler] = {}
         self._resent: set[str] = set()
@@ -217,10 +217,10 @@ class LocalBackend:
         self._resent = set()
         self._watchdogs = {}
 
-    def _ensure_launcher(self) -> _LauncherProcess:
+    def _ensure_launcher(self) -> _LauncherClient:
         with self._lock:
             if self._launcher is None or not self._launcher.alive():
-                self._launcher = _LauncherProcess(self._route, self._launcher_exited)
+                self._launcher = _LauncherClient(self._route, self._launcher_exited)
             return self._launcher
 
     def _route(self, event: Any) -> None:
@@ -282,7 +282,7 @@ class LocalBackend:
             launcher.stopped = True  # overdue already: its runs are not sent on
             launcher.proc.kill()
 
-    def _launcher_exited(self, launcher: _LauncherProcess, unaccepted: list[RunSpec]) -> None:
+    def _launcher_exited(self, launcher: _LauncherClient, unaccepted: list[RunSpec]) -> None:
         """The launcher ended: runs it never accepted go to a fresh one (once); runs it was
         running end with a clear error."""
         failed = [r for r in launcher.runs if r in self._handles]

@@ -19,12 +19,12 @@ from types import ModuleType
 from .. import runtime
 from .errors import TrackingWarning
 from .rank_buffer import RankBuffer
-from .settings import ARTIFACT_URI_ENV, FLUSH_INTERVAL_ENV, RUN_ID_ENV, env_float
+from .settings import ARTIFACT_URI_ENV, FLUSH_INTERVAL_ENV, MLFLOW_RUN_ID_ENV, env_float
 
 
 def install() -> None:
     """Called by the worker in each rank before the user's function is loaded."""
-    run_id = os.environ.get(RUN_ID_ENV)
+    run_id = os.environ.get(MLFLOW_RUN_ID_ENV)
     if run_id is None:
         return
     buffer = RankBuffer(run_id, env_float(FLUSH_INTERVAL_ENV, 1.0), runtime.send_to_caller)

@@ -17,15 +17,15 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from ..hooks import RunContext
 from . import records
-from .settings import ARTIFACT_URI_ENV, RUN_ID_ENV
+from .settings import ARTIFACT_URI_ENV, MLFLOW_RUN_ID_ENV
 
 
 @dataclass
-class TrackedRun:
+class MlflowRun:
     """The MLflow run a call logs into."""
 
     uri: str
-    run_id: str
+    mlflow_run_id: str
     experiment_id: str
     experiment_name: str
     artifact_uri: str
@@ -38,7 +38,7 @@ def run_name(ctx: RunContext) -> str:
     return ctx.config.run_name or ctx.name.rsplit(".", 1)[-1]
 
 
-def open_run(ctx: RunContext, client: MlflowClient, uri: str, parent: Run | None) -> TrackedRun:
+def open_run(ctx: RunContext, client: MlflowClient, uri: str, parent: Run | None) -> MlflowRun:
     """``parent``: the caller's active run, looked up in the caller's thread (MLflow keeps it
     per thread, and this may run in another one)."""
     resume_id = os.environ.get("MLFLOW_RUN_ID")
@@ -52,22 +52,22 @@ def open_run(ctx: RunContext, client: MlflowClient, uri: str, parent: Run | None
     else:
         experiment_id = _current_experiment_id()
     run = client.create_run(experiment_id, tags=resolve_tags(tags), run_name=run_name(ctx))
-    return TrackedRun(
+    return MlflowRun(
         uri=uri,
-        run_id=run.info.run_id,
+        mlflow_run_id=run.info.run_id,
         experiment_id=experiment_id,
         experiment_name=_experiment_name(client, experiment_id),
         artifact_uri=run.info.artifact_uri,
     )
 
 
-def _resume(client: MlflowClient, uri: str, run_id: str) -> TrackedRun:
+def _resume(client: MlflowClient, uri: str, run_id: str) -> MlflowRun:
     run = client.get_run(run_id)
     client.update_run(run_id, status="RUNNING")
     experiment_id = run.info.experiment_id
-    return TrackedRun(
+    return MlflowRun(
         uri=uri,
-        run_id=run_id,
+        mlflow_run_id=run_id,
         experiment_id=experiment_id,
         experiment_name=_experiment_name(client, experiment_id),
         artifact_uri=run.info.artifact_uri,
@@ -87,17 +87,17 @@ def _experiment_name(client: MlflowClient, experiment_id: str) -> str:
     return client.get_experiment(experiment_id).name
 
 
-def rank_env(run: TrackedRun) -> dict[str, str]:
+def mlflow_env(run: MlflowRun) -> dict[str, str]:
     """What a rank needs so that plain MLflow calls land in this run."""
     return {
         "MLFLOW_TRACKING_URI": run.uri,
-        "MLFLOW_RUN_ID": run.run_id,
+        "MLFLOW_RUN_ID": run.mlflow_run_id,
         # Both, consistent: a user's MLFLOW_EXPERIMENT_NAME naming another experiment would make
         # MLflow refuse to resume the run in the rank.
         "MLFLOW_EXPERIMENT_ID": run.experiment_id,
         "MLFLOW_EXPERIMENT_NAME": run.experiment_name,
         # The launcher samples the machine once for all ranks; eight monitors would repeat it.
         "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
-        RUN_ID_ENV: run.run_id,
+        MLFLOW_RUN_ID_ENV: run.mlflow_run_id,
         ARTIFACT_URI_ENV: run.artifact_uri,
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-RUN_ID_ENV = "SERVERLESS_GPU_MLFLOW_RUN_ID"
+MLFLOW_RUN_ID_ENV = "SERVERLESS_GPU_MLFLOW_RUN_ID"
 """The MLflow run a rank's fast logging writes into; empty: the store is unreachable and points
 go to the run directory instead. Kept apart from ``MLFLOW_RUN_ID``, which MLflow's own
 ``start_run`` deletes from the environment when it resumes the run."""

@@ -26,12 +26,12 @@ from .errors import TrackingUnavailableError, TrackingWarning
 from .experiment import mark_training_experiment
 from .outcome import mlflow_status, outcome_tags
 from .reaper import end_orphaned_runs
-from .run_setup import TrackedRun, open_run, rank_env
+from .run_setup import MlflowRun, mlflow_env, open_run
 from .settings import (
     LOG_UPLOAD_INTERVAL_ENV,
     MESSAGE_KIND,
+    MLFLOW_RUN_ID_ENV,
     RANK_INITIALIZER,
-    RUN_ID_ENV,
     START_TIMEOUT_ENV,
     UNSENT_FILE,
     env_float,
@@ -58,20 +58,22 @@ def start_tracking(ctx: RunContext) -> RunTracker:
             run = _open_bounded(ctx, client, uri)
     except Exception as exc:  # whatever the store raised, the training must still run
         # Ranks keep logging fast, into the run directory instead of a store that hangs them.
-        ctx.env[RUN_ID_ENV] = ""
+        ctx.env[MLFLOW_RUN_ID_ENV] = ""
         tracker = RunTracker(ctx, uri, None, None, spill)
         tracker.warn_untracked(exc, started=False)
         return tracker
-    ctx.env.update(rank_env(run))
+    ctx.env.update(mlflow_env(run))
     ctx.metadata.update(
-        mlflow_run_id=run.run_id, mlflow_experiment_id=run.experiment_id, mlflow_tracking_uri=uri
+        mlflow_run_id=run.mlflow_run_id,
+        mlflow_experiment_id=run.experiment_id,
+        mlflow_tracking_uri=uri,
     )
-    link = store.run_link(uri, run.experiment_id, run.run_id)
+    link = store.run_link(uri, run.experiment_id, run.mlflow_run_id)
     if link is not None:
         ctx.links["mlflow"] = link
         ctx.metadata["mlflow_run_url"] = link
     upload_every = env_float(LOG_UPLOAD_INTERVAL_ENV, 60.0)
-    writer = Writer(client, run.run_id, ctx.paths.logs, spill, upload_every, run.params)
+    writer = Writer(client, run.mlflow_run_id, ctx.paths.logs, spill, upload_every, run.params)
     writer.private_artifacts = private.local_path(run.artifact_uri)
     writer.setup(records.run_params(ctx), records.run_tags(ctx))
     writer.run_later(partial(mark_training_experiment, client, run.experiment_id))
@@ -79,7 +81,7 @@ def start_tracking(ctx: RunContext) -> RunTracker:
     return RunTracker(ctx, uri, run, writer, spill)
 
 
-def _open_bounded(ctx: RunContext, client: MlflowClient, uri: str) -> TrackedRun:
+def _open_bounded(ctx: RunContext, client: MlflowClient, uri: str) -> MlflowRun:
     """``open_run``, within a deadline for a server (one that answers its health check but not
     the API would otherwise hold the call for MLflow's minutes of retries)."""
     parent = mlflow.active_run()
@@ -107,10 +109,10 @@ def _quiet_store_setup() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _end_late_run(client: MlflowClient, run: TrackedRun) -> None:
+def _end_late_run(client: MlflowClient, run: MlflowRun) -> None:
     """The run was created after the call had given up on it: nobody will write to it."""
-    client.set_tag(run.run_id, records.ERROR_TAG, "the tracking server answered too late")
-    client.set_terminated(run.run_id, "KILLED")
+    client.set_tag(run.mlflow_run_id, records.ERROR_TAG, "the tracking server answered too late")
+    client.set_terminated(run.mlflow_run_id, "KILLED")
 
 
 def store_uri() -> str:
@@ -124,7 +126,7 @@ class RunTracker:
         self,
         ctx: RunContext,
         uri: str,
-        run: TrackedRun | None,
+        run: MlflowRun | None,
         writer: Writer | None,
         spill: Spill,
     ) -> None:
@@ -181,7 +183,7 @@ class RunTracker:
     def _announce(self) -> None:
         if self.run is None or self.ctx.display_claimed:
             return
-        where = store.open_hint(self.run.uri, self.run.experiment_id, self.run.run_id)
+        where = store.open_hint(self.run.uri, self.run.experiment_id, self.run.mlflow_run_id)
         print(f"serverless_gpu: MLflow {where}", file=sys.stdout, flush=True)
 
     def warn_untracked(self, reason: BaseException, *, started: bool) -> None:
