@@ -127,7 +127,6 @@ class RankFailedError(DistributedError):
         failure: RankFailure,
         *,
         run_dir: Path | None = None,
-        others: tuple[RankFailure, ...] = (),
     ) -> None:
         text = f"rank {failure.rank} {failure.message}"
         if failure.log_path is not None:
@@ -139,7 +138,6 @@ class RankFailedError(DistributedError):
         self.rank = failure.rank
         self.exit_code = failure.exit_code
         self.signal_name = failure.signal_name
-        self.others = others
 
 
 class RemoteError(DistributedError):

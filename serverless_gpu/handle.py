@@ -159,7 +159,6 @@ def _drop_bulk_files(ctx: RunContext) -> None:
     paths = ctx.paths
     for path in paths.bulk_files():
         path.unlink(missing_ok=True)
-    shutil.rmtree(paths.scratch, ignore_errors=True)
     if paths.results_dir is not None:
         shutil.rmtree(paths.results_dir, ignore_errors=True)  # mapped results keep their pages
     release_run(paths.run_dir)  # the call is over: pruning may take its directory now

@@ -67,10 +67,6 @@ class LineSplitter:
         self._pending = ""
         return [rest] if rest else []
 
-    @property
-    def has_pending(self) -> bool:
-        return bool(self._pending) and self._pending != self._shown
-
 
 HOT_GAP_S = 0.002
 PAUSE_S = 0.005

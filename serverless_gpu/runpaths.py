@@ -74,8 +74,3 @@ class RunPaths:
         results in the run directory (with their partial ``.tmp`` twins)."""
         found = [p for p in self.run_dir.glob("result_*.pkl*") if p.is_file()]
         return [self.payload, *found]
-
-    @property
-    def scratch(self) -> Path:
-        """A folder in the run directory for the run's own temporary files."""
-        return self.run_dir / "tmp"
