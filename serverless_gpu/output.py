@@ -78,8 +78,7 @@ class OutputPacer:
 
     A launcher that waits on a rank's pipe while the rank prints in a tight loop is woken for
     each line: each of the rank's writes must wake it, and each line becomes its own read, log
-    write and event. Before this pacing, a 100,000-line flood on the gVisor device machines ran
-    up to 8x slower than into a file in some repetitions (``docs/benchmarks.md``). A stream that
+    write and event (``benchmarks/overheads.py --only flood`` measures the cost). A stream that
     had data again within ``HOT_GAP_S`` is taken off the selector and read every ``pause_s`` for
     as long as it keeps producing; meanwhile the rank writes into its pipe without waking
     anyone. Output at training-log rates is still read as it comes.

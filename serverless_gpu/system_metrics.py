@@ -1,9 +1,8 @@
 """Host and GPU utilisation of a live run, sampled in the caller (psutil, NVML; never CUDA).
 
-Sampling lives in a thread of the caller, not in the launcher: an NVML session took 31 ms
-(median) to 110 ms to open and close on a 2 x H200 host (``benchmarks/nvml_cost.py``), and the
-launcher's single loop must not stall, or the ranks block on full output pipes. One NVML
-session serves the whole run.
+Sampling lives in a thread of the caller, not in the launcher: opening an NVML session takes
+tens of milliseconds (``benchmarks/nvml_cost.py``), and the launcher's single loop must not
+stall, or the ranks block on full output pipes. One NVML session serves the whole run.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Results with tensors: one file holding a pickle, then every storage's bytes, page-aligned.
 
 The rank maps the file and copies each storage into it with ``Tensor.copy_``, so torch's
-threads fault the fresh tmpfs pages in parallel. A ``write()`` into tmpfs is one thread under
-the inode lock: that was the transfer's floor, 1-3 GB/s per rank on the H200 VMs, against
-4.5-5 GB/s for a copy with 8 threads into a mapping (``benchmarks/tmpfs_write.py``). A CUDA
-tensor is copied from the device straight into the file instead of first into a host buffer.
+threads fault the fresh tmpfs pages in parallel, where a ``write()`` into tmpfs is one
+thread under the inode lock (``benchmarks/tmpfs_write.py`` measures both). A CUDA tensor is
+copied from the device straight into the file instead of first into a host buffer.
 The caller maps the file privately: its tensors are views of the mapping, read when first
 touched.
 

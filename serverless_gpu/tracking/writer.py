@@ -1,7 +1,7 @@
 """The one place that writes a run's data into MLflow: a thread in the caller.
 
-Ranks never write metrics, params or tags to the store themselves; eight ranks fighting for an
-SQLite write lock (or opening eight HTTP sessions) is what made plain logging slow and fragile.
+Ranks never write metrics, params or tags to the store themselves: eight ranks fighting for an
+SQLite write lock (or opening eight HTTP sessions) would make logging slow and fragile.
 The writer merges queued batches into large ``log_batch`` calls, uploads the per-rank logs
 periodically, and ends the run. After the first store error it stops writing for the run and
 keeps everything else in the run directory (see :mod:`.spill`): the training never waits for,
