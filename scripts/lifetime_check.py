@@ -11,7 +11,7 @@ Checks, each printed as PASS/FAIL with its figure (exit code 1 on a failure):
 * the launcher has no listening socket.
 
 The callers of the first two checks are fresh Python processes
-(``scripts/lifetime_caller.py``), so a SIGKILL is real. This process never initialises CUDA.
+(``tests/core/lifetime_caller.py``), so a SIGKILL is real. This process never initialises CUDA.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from serverless_gpu.rundirs import results_root
 
 GONE_LIMIT_S = 3.0
 
-CALLER = Path(__file__).with_name("lifetime_caller.py")
+CALLER = Path(__file__).parents[1] / "tests" / "core" / "lifetime_caller.py"
 
 
 def wait_gone(pids: set[int], limit: float) -> tuple[set[int], float]:

@@ -12,14 +12,14 @@ editable_install() { PYTHONWARNINGS="ignore:Editable installation" .venv/bin/pyt
 # Install only when what the install depends on changed since the last one (pip takes ~10 s
 # even when there is nothing to do).
 stamp=.venv/.run-example-installed
-want="$(cat pyproject.toml constraints-ci.txt | sha256sum | cut -d' ' -f1) ${SKIP_TORCH_PIN:-0}"
+want="$(cat pyproject.toml .ci/constraints-ci.txt | sha256sum | cut -d' ' -f1) ${SKIP_TORCH_PIN:-0}"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # On a GPU machine that already has a CUDA torch in this venv, pass SKIP_TORCH_PIN=1.
   if [ "${SKIP_TORCH_PIN:-0}" = 1 ]; then
     editable_install -e '.[tracking]'
   else
-    editable_install -c constraints-ci.txt -e '.[tracking]'
+    editable_install -c .ci/constraints-ci.txt -e '.[tracking]'
   fi
   echo "$want" > "$stamp"
 fi

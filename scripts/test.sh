@@ -9,8 +9,8 @@ PYTHON=${PYTHON:-python3}
 # setuptools announces every editable install with a warning there is nothing to do about.
 editable_install() { PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q "$@"; }
 .venv/bin/python -m pip install -q --upgrade pip
-# constraints-ci.txt pins the torch version the tests run with (which build pip picks: README).
-editable_install -c constraints-ci.txt -e '.[dev]'
+# .ci/constraints-ci.txt pins the torch version the tests run with (which build pip picks: README).
+editable_install -c .ci/constraints-ci.txt -e '.[dev]'
 
 if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null

@@ -20,7 +20,7 @@ from serverless_gpu.proctitle import is_launcher
 from serverless_gpu.rundirs import KEEP_RUNS_ENV, RESULTS_DIR_ENV, RUNS_DIR_ENV
 
 WaitGone = Callable[..., set[int]]
-_CALLER = Path(__file__).parents[2] / "scripts" / "lifetime_caller.py"
+_CALLER = Path(__file__).with_name("lifetime_caller.py")
 
 
 def _start_caller(*args: str) -> tuple[subprocess.Popen[str], set[int], list[str]]:

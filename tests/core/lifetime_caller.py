@@ -1,6 +1,6 @@
 """The caller process of the lifetime checks: a fresh Python process, so a SIGKILL is real.
 
-    python scripts/lifetime_caller.py GPUS GPU_TYPE|auto [no-standby] [fork-child]
+    python tests/core/lifetime_caller.py GPUS GPU_TYPE|auto [no-standby] [fork-child]
 
 Used by ``scripts/lifetime_check.py`` and ``tests/core/test_lifetime.py``. Starts a call whose
 ranks each start a grandchild (and, on GPUs, create a CUDA context), prints READY once every
