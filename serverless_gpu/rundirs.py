@@ -19,9 +19,9 @@ environment is the user's own choice and may be a symlink; it must be a director
 and not writable by other users. We chmod it to 0700 only when we created it; an existing one
 keeps its mode (each run directory in it is 0700 anyway).
 
-**Pruning.** Only what carries our marks is ever deleted: a run directory has a run's name
-(``<date>-<time>-<function>-<12 hex>``) and holds a :data:`MARKER` file; a results twin has a
-run's name and a ``run_dir`` link; a launcher log is named ``launcher-<pid>.log``. Beyond the
+**Pruning.** Only what carries our marks (named in ``runpaths.py``) is ever deleted: a run
+directory has a run's name and holds a :data:`MARKER` file; a results twin has a run's name and
+a link to its run directory; a launcher log has a launcher log's name. Beyond the
 newest ``$SERVERLESS_GPU_KEEP_RUNS`` (20) of each kind, one is deleted only when it is not live
 and, unless it is a finished run of the pruning process itself, older than :data:`GRACE_S`. A
 run is live while its caller holds the ``flock`` on its marker, from :func:`new_run_dir` until
