@@ -1,0 +1,53 @@
+"""One owner of a run's files, and one picklable record of a call."""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+
+from serverless_gpu.config import DistributedConfig
+from serverless_gpu.gpus import GPUType, Placement
+from serverless_gpu.protocol import RankSpec
+from serverless_gpu.runpaths import RunPaths
+from serverless_gpu.runspec import RunSpec
+
+_ROOT = Path(__file__).parents[2]
+_RUN_FILE_NAMES = re.compile(
+    r"payload\.pkl|error_[{N*]|result_[{N*]|rank_[{N*][^\n]*\.txt|launcher-[{<(]|"
+    r"\.serverless-gpu-run"
+)
+"""How the run files' names are spelled: ``payload.pkl``, ``error_{rank}.pkl``, ``result_*``,
+``rank_{rank}.txt``, ``launcher-{pid}.log``, the marker."""
+
+
+def test_every_run_file_name_is_spelled_only_in_runpaths() -> None:
+    spelled = {
+        str(path.relative_to(_ROOT))
+        for package in ("serverless_gpu", "jupyter_ext")
+        for path in (_ROOT / package).rglob("*.py")
+        if _RUN_FILE_NAMES.search(path.read_text())
+    }
+    assert spelled == {"serverless_gpu/runpaths.py"}
+
+
+def test_run_paths_name_the_files_of_a_run(tmp_path: Path) -> None:
+    twin = tmp_path / "twin"
+    paths = RunPaths(tmp_path / "run", twin)
+    assert paths.payload == tmp_path / "run" / "payload.pkl"
+    assert paths.log(3) == tmp_path / "run" / "logs" / "rank_3.txt"
+    assert paths.error(1) == tmp_path / "run" / "error_1.pkl"
+    assert paths.results(2) == [twin / "result_2.pkl", tmp_path / "run" / "result_2.pkl"]
+    assert RunPaths(tmp_path).results(0) == [tmp_path / "result_0.pkl"]
+
+
+def test_a_run_spec_crosses_a_process_boundary_as_itself(tmp_path: Path) -> None:
+    placement = Placement(2, "cpu", GPUType.parse("cpu"), ())
+    config = DistributedConfig(gpu_type="cpu", timeout=30.0, grace=2.0, run_name="x")
+    spec = RunSpec("r1", "train", placement, RunPaths(tmp_path), config, {"A": "1"}, "/", ("p",))
+    rank = pickle.loads(pickle.dumps(RankSpec(spec, 1, 29500)))
+    assert rank.run == spec
+    assert rank.run.config.run_name == "x"
+    assert (rank.run.timeout, rank.run.grace) == (30.0, 2.0)
+    env = rank.env()
+    assert [env[k] for k in ("A", "RANK", "WORLD_SIZE", "MASTER_PORT")] == ["1", "1", "2", "29500"]
