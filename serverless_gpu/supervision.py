@@ -74,16 +74,17 @@ class RunSupervisor:
         self.emit = emit
         self.selector = selector
         self.status = RunStatus.RUNNING
+        """RUNNING until the run is stopped (the stop's reason) or ends (SUCCEEDED or FAILED)."""
         self.message = ""
         self.failures: list[tuple[float, int, str]] = []
         """Each rank's failure: when, which rank, what (``"raised ValueError: x"``)."""
         self.unfinished: tuple[int, ...] = ()
         """Ranks that were still running when the run was stopped."""
-        self.stopping = False
         self.kill_deadline: float | None = None
         self.grace = spec.grace
         self.deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
         self.finished = False
+        """``RunFinished`` has been sent."""
         self.run_failure: tuple[float, str] | None = None
         """A failure of the run itself (not of a rank): its time and message."""
         spec.paths.logs.mkdir(mode=0o700, exist_ok=True)
@@ -125,6 +126,11 @@ class RunSupervisor:
         """For shutdown, after SIGKILL: wait until ``deadline`` for each rank to be gone."""
         for r in self.ranks:
             r.proc.reap_by(deadline)
+
+    @property
+    def stopping(self) -> bool:
+        """The run was stopped (a failure, the timeout, a cancel): every rank is being ended."""
+        return self.status is not RunStatus.RUNNING
 
     def _running(self) -> list[int]:
         return [i for i, r in enumerate(self.ranks) if r.running]
@@ -287,7 +293,6 @@ class RunSupervisor:
     def _stop(self, status: RunStatus, message: str = "") -> None:
         if self.stopping or self.finished:
             return
-        self.stopping = True
         self.status = status
         self.message = message
         self.unfinished = tuple(self._running())
