@@ -5,16 +5,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from serverless_gpu.events import RankState
+from serverless_gpu.events import RankState, RunStatus
 
 from .ansi import strip_ansi
 from .runstate import RankView, RunView
 
 _FINAL_WORDS = {
-    "succeeded": "succeeded",
-    "failed": "failed",
-    "cancelled": "was cancelled",
-    "timed_out": "timed out",
+    RunStatus.SUCCEEDED: "succeeded",
+    RunStatus.FAILED: "failed",
+    RunStatus.CANCELLED: "was cancelled",
+    RunStatus.TIMED_OUT: "timed out",
 }
 
 
@@ -34,9 +34,9 @@ def hardware_label(view: RunView) -> str:
 
 def status_words(view: RunView) -> str:
     """``starting (MLflow run)``, ``running``, ``timed out`` ..."""
-    if view.status == "starting":
+    if view.status is RunStatus.PENDING:
         return f"starting ({view.phase})"
-    return view.status.replace("_", " ")
+    return view.status.value.replace("_", " ")
 
 
 def rank_status(rank: RankView) -> str:
@@ -72,7 +72,7 @@ def summary_rows(view: RunView, now: float | None = None) -> list[tuple[str, str
 
 
 def final_line(view: RunView) -> str:
-    words = _FINAL_WORDS.get(view.status, view.status)
+    words = _FINAL_WORDS.get(view.status, view.status.value)
     text = f"run {words} after {seconds(view.elapsed())}"
     return f"{text}: {view.message}" if view.message else text
 

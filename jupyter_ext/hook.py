@@ -15,7 +15,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol
 
-from serverless_gpu.events import Event
+from serverless_gpu.events import Event, RunStatus
 from serverless_gpu.hooks import RunContext
 
 from .text_renderer import TextRenderer
@@ -90,7 +90,7 @@ def interrupted_run(shell: Any) -> str | None:
     cell = _cell_count(shell)
     for _directory, renderer, count in reversed(list(_recent.values())):
         view = getattr(renderer, "view", None)
-        if count == cell and view is not None and view.status == "cancelled":
+        if count == cell and view is not None and view.status is RunStatus.CANCELLED:
             return str(view.name)
     return None
 

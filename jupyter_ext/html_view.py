@@ -78,7 +78,7 @@ def header_html(view: RunView, now: float | None = None, note: str = "") -> str:
     parts = [
         f"<b>{html.escape(view.name)}</b>",
         html.escape(hardware_label(view)),
-        badge(status, view.status),
+        badge(status, view.status.value),
         f'<span class="sgpu-elapsed">{seconds(view.elapsed(now))}</span>',
     ]
     if view.links:
@@ -159,7 +159,7 @@ def record_html(view: RunView, tail: int = RECORD_TAIL) -> str:
     return (
         '<div class="sgpu-record" style="line-height:1.6">'
         f"<b>{html.escape(view.name)}</b> &middot; {html.escape(hardware_label(view))} &middot; "
-        f"{badge(view.status.replace('_', ' '), view.status)}{links}{_metrics(view)}"
+        f"{badge(view.status.value.replace('_', ' '), view.status.value)}{links}{_metrics(view)}"
         f'<div class="sgpu-summary">{html.escape(final_line(view))}</div>'
         f'<table style="border-collapse:collapse;font-size:90%"><tr>{head}</tr>{rows}</table>'
         + "".join(_rank_tail(view, rank, tail) for rank in view.ranks)

@@ -22,6 +22,7 @@ from serverless_gpu.events import (
     RankState,
     RunFinished,
     RunStarted,
+    RunStatus,
 )
 from serverless_gpu.hooks import RunContext
 from serverless_gpu.tracking import LatestMetrics
@@ -120,9 +121,9 @@ class RunView:
         """When the view was made: renderers are made as the call starts, so the clock counts
         from the call, not from the ranks' start."""
         self.finished: float | None = None
-        self.status = "starting"
+        self.status = RunStatus.PENDING
         self.phase = STARTING_PHASES[0] if ctx.config.tracking else STARTING_PHASES[1]
-        """While ``status`` is ``starting``: what the run waits for."""
+        """While ``status`` is ``PENDING`` (shown as "starting"): what the run waits for."""
         self.message = ""
         self.root_cause_rank: int | None = None
         limit = max_lines if max_lines is not None else max_lines_setting()
@@ -155,7 +156,7 @@ class RunView:
         rank = self.ranks[event.rank]
         rank.state, rank.pid, rank.started = RankState.RUNNING, event.pid, event.time
         rank.version += 1
-        self.status = "running"
+        self.status = RunStatus.RUNNING
 
     def _rank_finished(self, event: RankFinished) -> None:
         rank = self.ranks[event.rank]
@@ -174,7 +175,7 @@ class RunView:
         rank.version += 1
 
     def _run_finished(self, event: RunFinished) -> None:
-        self.status = event.status.value
+        self.status = event.status
         self.finished = event.time
         self.message = event.message
         root = event.root_cause_rank
@@ -190,16 +191,16 @@ class RunView:
 
     def failed_to_start(self, message: str) -> None:
         """The call raised before the run started; no event will come."""
-        self.status, self.finished, self.message = "failed", time.time(), message
+        self.status, self.finished, self.message = RunStatus.FAILED, time.time(), message
         for rank in self.ranks:
             rank.state, rank.detail = RankState.STOPPED, "the run did not start"
             rank.version += 1
 
     def _stop_reason(self) -> tuple[RankState, str]:
         """State and detail of a rank the library stopped, in the words of the run's end."""
-        if self.status == "cancelled":
+        if self.status is RunStatus.CANCELLED:
             return RankState.CANCELLED, ""
-        if self.status == "timed_out":
+        if self.status is RunStatus.TIMED_OUT:
             return RankState.STOPPED, "the run timed out"
         if self.root_cause_rank is not None:
             return RankState.STOPPED, f"rank {self.root_cause_rank} failed"
