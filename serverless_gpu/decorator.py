@@ -15,6 +15,7 @@ from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
 from . import settings
 from . import tracking as _tracking  # noqa: F401 - registers the MLflow run hook (lazy mlflow)
+from .aliases import resolve_aliases
 from .backends.base import Backend
 from .backends.local import default_backend
 from .config import DEFAULT_TIMEOUT, DistributedConfig
@@ -231,10 +232,12 @@ def distributed(
     """Decorate a function so that ``fn.distributed(*args, **kwargs)`` runs it on every GPU.
 
     Options are the fields of :class:`DistributedConfig`. Used bare (``@distributed``) it takes
-    every default.
+    every default. ``num_accelerators=`` and ``accelerator_type=`` (``"GPU_8xH100"``) are the
+    newer spelling of ``gpus`` and ``gpu_type`` (:mod:`serverless_gpu.aliases`).
     """
     if callable(gpus):
         return DistributedFunction(gpus, DistributedConfig())
+    gpus, gpu_type, options = resolve_aliases(gpus, gpu_type, options)
     unknown = set(options) - set(DistributedConfig.__dataclass_fields__)
     if unknown:
         raise ConfigurationError(
