@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import runrecord as _runrecord  # noqa: F401 - registers the run.json hook
 from .decorator import DistributedConfig, DistributedFunction, distributed, warm_up
 from .errors import (
     CancelledError,
