@@ -1,0 +1,70 @@
+"""Drop-ins for code written for other launchers, running on this library's launcher.
+
+``TorchDistributor`` follows ``pyspark.ml.torch.distributor.TorchDistributor``'s documented
+behaviour, so a Spark notebook's training code runs unchanged::
+
+    from serverless_gpu.compat import TorchDistributor   # was: from pyspark.ml.torch.distributor
+
+    model = TorchDistributor(num_processes=2, local_mode=True, use_gpu=True).run(train, 1e-3)
+    TorchDistributor(num_processes=2).run("/path/to/train.py", "--learning-rate=1e-3")
+
+A function gets ``*args, **kwargs`` and rank 0's return value comes back; a path runs the file
+as a script on every rank (as ``torchrun file args`` would) with its arguments as strings, and
+``None`` comes back. ``use_gpu=False`` runs CPU processes over gloo. Every call gets the same
+supervision, per-rank logs and MLflow run as ``@distributed``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .decorator import distributed
+from .errors import ConfigurationError
+from .scripts import ScriptTarget, newer_options, script_function
+
+
+class TorchDistributor:
+    """``TorchDistributor(num_processes=1, local_mode=True, use_gpu=True)``: one process per
+    GPU (or CPU process) on this machine.
+
+    ``local_mode=False`` (Spark's executors, off the driver's node) runs on the remote pool,
+    as ``@distributed(remote=True)``; where this installation has none, it is refused with a
+    message rather than run on this machine unasked.
+    """
+
+    def __init__(
+        self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True, **_: Any
+    ) -> None:
+        if not isinstance(num_processes, int) or isinstance(num_processes, bool):
+            raise ConfigurationError(f"num_processes must be an integer, not {num_processes!r}")
+        if num_processes < 1:
+            raise ConfigurationError(f"num_processes must be at least 1, not {num_processes}")
+        newer_options(remote=not local_mode)  # refused now, not at run(), where unsupported
+        self.num_processes = num_processes
+        self.local_mode = local_mode
+        self.use_gpu = use_gpu
+
+    def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``train_object`` on every process: rank 0's return value for a function,
+        ``None`` for a script path."""
+        gpu_type = None if self.use_gpu else "cpu"
+        remote = not self.local_mode
+        if isinstance(train_object, (str, os.PathLike)):
+            if kwargs:
+                raise ConfigurationError(
+                    "a script takes command-line arguments (strings) only, not keyword arguments"
+                )
+            target = ScriptTarget.script(train_object, tuple(str(a) for a in args))
+            run = script_function(target, gpus=self.num_processes, gpu_type=gpu_type, remote=remote)
+            run.distributed()
+            return None
+        if not callable(train_object):
+            raise ConfigurationError(
+                f"train_object must be a function or a script path, not {train_object!r}"
+            )
+        decorate = distributed(
+            gpus=self.num_processes, gpu_type=gpu_type, **newer_options(remote=remote)
+        )
+        return decorate(train_object).distributed(*args, **kwargs)[0]

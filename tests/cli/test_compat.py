@@ -1,0 +1,60 @@
+"""``serverless_gpu.compat.TorchDistributor``: a Spark notebook's training code, unchanged."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from serverless_gpu.compat import TorchDistributor
+from serverless_gpu.errors import ConfigurationError
+
+SCRIPT = """
+    import json
+    import os
+    import sys
+
+    with open(f"out_{os.environ['RANK']}.json", "w") as f:
+        json.dump({"argv": sys.argv[1:], "name": __name__, "world": os.environ["WORLD_SIZE"]}, f)
+"""
+
+
+def spark_style_train(learning_rate: float, epochs: int = 1) -> dict[str, float]:
+    """As a Spark notebook writes it: torch.distributed set up from the environment."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(backend="gloo")
+    rank = dist.get_rank()
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    return {"rank": rank, "sum": float(total), "lr": learning_rate, "epochs": epochs}
+
+
+def test_a_function_returns_rank_0s_value() -> None:
+    distributor = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
+    result = distributor.run(spark_style_train, 1e-3, epochs=2)
+    assert result == {"rank": 0, "sum": 3.0, "lr": 1e-3, "epochs": 2}
+
+
+def test_a_script_path_runs_as_a_script_with_string_arguments(
+    write: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    path = write("train.py", SCRIPT)
+    distributor = TorchDistributor(num_processes=2, use_gpu=False)
+    assert distributor.run(str(path), "--learning-rate", 1e-3) is None
+    for rank in (0, 1):
+        out = json.loads((tmp_path / f"out_{rank}.json").read_text())
+        assert out == {"argv": ["--learning-rate", "0.001"], "name": "__main__", "world": "2"}
+
+
+def test_what_cannot_run_here_is_refused_when_made() -> None:
+    with pytest.raises(ConfigurationError, match="remote backend"):
+        TorchDistributor(num_processes=2, local_mode=False)
+    with pytest.raises(ConfigurationError, match="at least 1"):
+        TorchDistributor(num_processes=0)
+    with pytest.raises(ConfigurationError, match="keyword arguments"):
+        TorchDistributor(use_gpu=False).run("train.py", lr=1)
