@@ -20,7 +20,7 @@ fi
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 # The other test folders each have a conftest.py (one module name), so each is checked alone.
-for dir in tests/conftest.py tests/data tests/jupyter tests/tracking tests/trainers tests/benchmarks; do
+for dir in tests/conftest.py tests/cli tests/data tests/jupyter tests/tracking tests/trainers tests/benchmarks; do
   .venv/bin/mypy "$dir"
 done
 

@@ -1,0 +1,205 @@
+"""The ``serverless-gpu`` command: ``run`` a script on every rank, and ``runs`` to look at runs.
+
+serverless-gpu run --gpus 2 --gpu-type cpu train.py -- --epochs 2
+serverless-gpu run -m pkg.train --epochs 2
+serverless-gpu run -f job.yaml [--detach]
+serverless-gpu runs list | show ID | logs ID [--rank N] [--follow] | cancel ID
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..console import OUTPUT_CHOICES
+from ..errors import ConfigurationError, DistributedError
+from ..scripts import ScriptTarget
+from .jobfile import JobSpec, load_job
+
+# Everything after the script (or module) belongs to it, as with `python script.py args`.
+_RUN_SETTINGS = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
+_OVERRIDES = {
+    "gpus": "gpus",
+    "gpu_type": "gpu_type",
+    "max_retries": "max_retries",
+    "remote": "remote",
+    "name": "run_name",
+    "experiment": "experiment_name",
+}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Run a Python script on every GPU of this machine, tracked in MLflow, and look at runs."""
+
+
+def _timeout(value: str | None) -> float | None:
+    """Seconds, or ``none`` for no limit."""
+    if value is None or value.lower() == "none":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a number of seconds (or 'none')") from None
+    if not seconds > 0:
+        raise click.BadParameter("must be a positive number of seconds (or 'none')")
+    return seconds
+
+
+@main.command(context_settings=_RUN_SETTINGS)
+@click.option("-f", "--file", "job_file", type=click.Path(dir_okay=False), help="A YAML job file.")
+@click.option("-m", "as_module", is_flag=True, help="Run the first argument as a module.")
+@click.option("--gpus", type=click.IntRange(min=1), help="Ranks (default: every GPU, CPU: 2).")
+@click.option("--gpu-type", help="H100, A10, ... or cpu (CPU ranks over gloo).")
+@click.option("--timeout", help="Seconds before every rank is stopped, or 'none' (default 3 h).")
+@click.option("--max-retries", type=click.IntRange(min=0), default=0, help="Retries on a crash.")
+@click.option("--remote", is_flag=True, help="Run on the remote pool instead of this machine.")
+@click.option("--name", help="The MLflow run's name (default: the script's).")
+@click.option("--experiment", help="The MLflow experiment (default: MLflow's).")
+@click.option("-e", "--env", "env", multiple=True, help="KEY=VALUE for every rank (repeatable).")
+@click.option(
+    "--output",
+    type=click.Choice(OUTPUT_CHOICES),
+    default="default",
+    show_default=True,
+    help="Which ranks' output is printed live; every rank's log is kept.",
+)
+@click.option("--detach", is_flag=True, help="Start the run in the background and return.")
+@click.option("--announce-fd", type=int, hidden=True)
+@click.option("--job-json", hidden=True)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(**params: Any) -> None:
+    """Run SCRIPT [-- ARGS] (or -m MODULE ARGS, or -f job.yaml) on every rank.
+
+    Each rank runs the script as `torchrun` would (RANK, WORLD_SIZE, MASTER_ADDR ... set,
+    __name__ == "__main__"). Exit status: 0 success, 1 a rank failed, 2 bad options,
+    124 timed out, 130 interrupted or cancelled.
+    """
+    from .launch import detach, run_job
+
+    ctx = click.get_current_context()
+    try:
+        job = _job(ctx, params)
+        if params["detach"]:
+            ctx.exit(detach(job))
+        ctx.exit(run_job(job, params["output"], params["announce_fd"]))
+    except (ConfigurationError, DistributedError) as exc:
+        raise BadRun(str(exc)) from None
+
+
+class BadRun(click.ClickException):
+    """A run that cannot start as asked: its reason, and exit status 2."""
+
+    exit_code = 2
+
+
+def _job(ctx: click.Context, params: dict[str, Any]) -> JobSpec:
+    """The run asked for: the job file (or the script), with the options given overriding it."""
+    if params["job_json"]:
+        return JobSpec.model_validate_json(params["job_json"])
+    command = list(params["command"])
+    if params["job_file"]:
+        if command:
+            raise ConfigurationError("give a job file (-f) or a script, not both")
+        base: dict[str, Any] = load_job(params["job_file"]).model_dump(exclude_defaults=True)
+    else:
+        base = {**_command(command, params["as_module"])}
+    for option, field in _OVERRIDES.items():
+        if ctx.get_parameter_source(option) is click.core.ParameterSource.COMMANDLINE:
+            base[field] = params[option]
+    if ctx.get_parameter_source("timeout") is click.core.ParameterSource.COMMANDLINE:
+        seconds = _timeout(params["timeout"])
+        base["timeout_minutes"] = None if seconds is None else seconds / 60
+    if params["env"]:
+        base["env"] = {**base.get("env", {}), **dict(_pair(item) for item in params["env"])}
+    job = JobSpec.model_validate(base)
+    return _resolved(job)
+
+
+def _command(command: list[str], as_module: bool) -> dict[str, Any]:
+    if not command:
+        raise ConfigurationError("nothing to run: give a script, -m MODULE or -f job.yaml")
+    head, args = command[0], command[1:]
+    if args[:1] == ["--"]:  # `script.py -- args`: the separator is ours, not the script's
+        args = args[1:]
+    return {"module" if as_module else "script": head, "args": args}
+
+
+def _pair(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ConfigurationError(f"--env takes KEY=VALUE, not {item!r}")
+    return key, value
+
+
+def _resolved(job: JobSpec) -> JobSpec:
+    """The job with its target resolved (a script's absolute path), so that a detached run
+    finds the same script; raises for a missing script or a command that is not Python."""
+    target: ScriptTarget = job.target()
+    fields = job.model_dump(exclude={"command", "script", "module", "args"})
+    if target.module is not None:
+        return JobSpec(module=target.module, args=list(target.args), **fields)
+    return JobSpec(script=target.path, args=list(target.args), **fields)
+
+
+@main.group()
+def runs() -> None:
+    """Runs of this user on this machine (newest first), from their run directories."""
+
+
+@runs.command("list")
+@click.option("-n", "--limit", type=click.IntRange(min=1), default=20, show_default=True)
+def runs_list(limit: int) -> None:
+    """ID, name, status, GPUs, start, duration and MLflow link of the latest runs."""
+    from .runs import list_table
+
+    for line in list_table(limit):
+        click.echo(line)
+
+
+@runs.command("show")
+@click.argument("run_id")
+def runs_show(run_id: str) -> None:
+    """Everything known about one run: record, logs, MLflow run and its latest metrics."""
+    from .runs import find_run, show_lines
+
+    for line in show_lines(_found(find_run, run_id)):
+        click.echo(line)
+
+
+@runs.command("logs")
+@click.argument("run_id")
+@click.option("--rank", type=click.IntRange(min=0), help="Only this rank's log.")
+@click.option("--follow", is_flag=True, help="Keep printing until the run ends.")
+def runs_logs(run_id: str, rank: int | None, follow: bool) -> None:
+    """A run's per-rank logs ([rank N] prefixes when there are several)."""
+    from .runs import find_run, print_logs
+
+    run = _found(find_run, run_id)
+    try:
+        code = print_logs(run, rank, follow)
+    except ConfigurationError as exc:
+        raise BadRun(str(exc)) from None
+    click.get_current_context().exit(code)
+
+
+@runs.command("cancel")
+@click.argument("run_id")
+def runs_cancel(run_id: str) -> None:
+    """Stop a run started with `serverless-gpu run` (e.g. --detach): every rank ends."""
+    from .runs import cancel, find_run
+
+    run = _found(find_run, run_id)
+    try:
+        status = cancel(run)
+    except ConfigurationError as exc:
+        raise BadRun(str(exc)) from None
+    click.echo(f"{run.run_id}: {status}")
+
+
+def _found(find: Any, run_id: str) -> Any:
+    try:
+        return find(run_id)
+    except ConfigurationError as exc:
+        raise BadRun(str(exc)) from None

@@ -1,0 +1,163 @@
+"""Job files (``serverless-gpu run -f job.yaml``): a YAML mapping checked against a schema.
+
+    command: python train.py --epochs 2   # or script: train.py + args: [...], or module: pkg
+    gpus: 2
+    gpu_type: cpu
+    timeout_minutes: 30
+    env: {OMP_NUM_THREADS: 1}
+    experiment_name: nightly
+    run_name: mlp-nightly
+    max_retries: 0
+    remote: false
+
+The schema is :class:`JobSpec` (pydantic); an error names the file, the line and the key.
+Relative paths are relative to the current directory, as on the command line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from ..errors import ConfigurationError
+from ..scripts import ScriptTarget
+
+_PYTHONS = {"python", "python3"}
+
+
+def _as_text(value: Any) -> Any:
+    """YAML reads ``2`` and ``0.1`` as numbers; arguments and variables are strings."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+Text = Annotated[str, BeforeValidator(_as_text)]
+
+
+class JobSpec(BaseModel):
+    """A run, from a job file or the command line's options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: str | list[Text] | None = None
+    """``python script.py args`` or ``python -m module args`` (a string or a list)."""
+    script: str | None = None
+    module: str | None = None
+    args: list[Text] = Field(default_factory=list)
+    gpus: int | None = Field(default=None, ge=1)
+    gpu_type: str | None = None
+    timeout_minutes: float | None = Field(default=None, gt=0)
+    env: dict[str, Text] = Field(default_factory=dict)
+    experiment_name: str | None = None
+    run_name: str | None = None
+    max_retries: int = Field(default=0, ge=0)
+    remote: bool = False
+
+    def target(self) -> ScriptTarget:
+        """The script or module every rank runs."""
+        given = [k for k in ("command", "script", "module") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ConfigurationError(
+                "give exactly one of command, script or module"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        if self.command is not None:
+            return _parse_command(self.command, self.args)
+        if self.module is not None:
+            return ScriptTarget(module=self.module, args=tuple(self.args))
+        assert self.script is not None
+        return ScriptTarget.script(self.script, tuple(self.args))
+
+
+def _parse_command(command: str | list[str], extra: list[str]) -> ScriptTarget:
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    if argv and Path(argv[0]).name in _PYTHONS:
+        argv = argv[1:]
+    if len(argv) >= 2 and argv[0] == "-m":
+        return ScriptTarget(module=argv[1], args=(*argv[2:], *extra))
+    if argv and argv[0].endswith(".py"):
+        return ScriptTarget.script(argv[0], (*argv[1:], *extra))
+    raise ConfigurationError(
+        f"command {command!r} does not run a Python script: every rank runs it in-process, so "
+        "it must read 'python script.py args' or 'python -m module args'"
+    )
+
+
+def load_job(path: str | Path) -> JobSpec:
+    """The job file as a :class:`JobSpec`; a ConfigurationError names the line and the key."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read job file {path}: {exc.strerror}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigurationError(f"{path}{where}: not valid YAML: {exc}") from None
+    if not isinstance(node, yaml.MappingNode) or not isinstance(data, dict):
+        line = node.start_mark.line + 1 if node is not None else 1
+        raise ConfigurationError(f"{path}:{line}: a job file is a mapping of keys (gpus: 2, ...)")
+    _check_duplicates(path, node)
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigurationError(_describe(path, node, exc)) from None
+
+
+def _check_duplicates(path: Path, node: yaml.MappingNode) -> None:
+    seen: dict[Any, int] = {}
+    for key, _ in node.value:
+        if key.value in seen:
+            raise ConfigurationError(
+                f"{path}:{key.start_mark.line + 1}: key {key.value!r} appears twice "
+                f"(first on line {seen[key.value]})"
+            )
+        seen[key.value] = key.start_mark.line + 1
+
+
+def _describe(path: Path, node: yaml.Node, exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        line, found = _line_of(node, tuple(error["loc"]))
+        key = ".".join(str(part) for part in found) or "(job)"
+        if error["type"] == "extra_forbidden":
+            hint = difflib.get_close_matches(key, JobSpec.model_fields, n=1)
+            known = (
+                f"did you mean {hint[0]!r}?"
+                if hint
+                else "known keys: " + ", ".join(JobSpec.model_fields)
+            )
+            lines.append(f"{path}:{line}: unknown key {key!r} ({known})")
+        else:
+            lines.append(f"{path}:{line}: {key}: {error['msg']}")
+    return "\n".join(lines)
+
+
+def _line_of(node: yaml.Node, loc: tuple[Any, ...]) -> tuple[int, list[Any]]:
+    """The line of the key (or item) that ``loc`` leads to, and the part of ``loc`` the YAML
+    has (pydantic adds the names of union members, such as ``str``)."""
+    line, found = node.start_mark.line + 1, []
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == str(part)), None)
+            if match is None:
+                break
+            line, node = match[0].start_mark.line + 1, match[1]
+        elif (
+            isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value)
+        ):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+        found.append(part)
+    return line, found

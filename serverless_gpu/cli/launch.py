@@ -1,0 +1,188 @@
+"""Running a job from the terminal: in the foreground until it ends, or detached.
+
+Exit status: 0 when every rank succeeded, 1 when the run failed (the message names the rank),
+124 when it timed out, 130 when it was interrupted (Ctrl-C) or cancelled (``runs cancel``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+from ..console import ConsolePrinter
+from ..errors import DistributedTimeoutError
+from ..handle import RunHandle
+from ..runrecord import update_record
+from ..scripts import script_function
+from .jobfile import JobSpec
+
+EXIT_FAILED = 1
+EXIT_TIMED_OUT = 124
+EXIT_INTERRUPTED = 130
+_STOP_WAIT_S = 15.0
+"""How long the ranks may take to stop after Ctrl-C or a cancel (grace included)."""
+_ANNOUNCE_WAIT_S = 180.0
+"""How long ``--detach`` waits for the run to start (a first launcher imports torch)."""
+
+
+def run_job(job: JobSpec, output: str, announce_fd: int | None = None) -> int:
+    """Run ``job`` on every rank and wait for it; the exit status."""
+    target = job.target()
+    if job.experiment_name:
+        os.environ["MLFLOW_EXPERIMENT_NAME"] = job.experiment_name
+    os.environ.update(job.env)  # the ranks start with the caller's environment
+    fn = script_function(
+        target,
+        gpus=job.gpus,
+        gpu_type=job.gpu_type,
+        timeout=None if job.timeout_minutes is None else job.timeout_minutes * 60,
+        run_name=job.run_name,
+        output=output,
+        max_retries=job.max_retries,
+        remote=job.remote,
+    )
+    with _terminate_as_interrupt():
+        handle = fn.start()
+        update_record(
+            handle.run_dir,
+            {
+                "run_name": job.run_name or target.name,
+                "command": target.command_line(),
+                "cli_pid": os.getpid(),
+                "detached": announce_fd is not None,
+            },
+        )
+        if announce_fd is not None:
+            _announce(announce_fd, handle.run_id)
+        return _wait(handle, output)
+
+
+def _wait(handle: RunHandle[Any], output: str) -> int:
+    try:
+        handle.result()
+        return 0
+    except KeyboardInterrupt:
+        handle.cancel(_stop_reason[0])
+        handle.wait(_STOP_WAIT_S)
+        _say(f"run {handle.run_id} stopped: {_stop_reason[0]}")
+        return EXIT_INTERRUPTED
+    except DistributedTimeoutError as exc:
+        _say(f"run {handle.run_id} timed out: {exc}")
+        return EXIT_TIMED_OUT
+    except Exception as exc:
+        finished = handle.finished
+        rank = finished.root_cause_rank if finished is not None else None
+        shown = rank is not None and ConsolePrinter(output).wants(rank, "stderr")
+        if not shown:  # the rank's traceback was not printed live: print it now
+            sys.stderr.write("".join(traceback.format_exception(exc)))
+        summary = finished.message if finished is not None and finished.message else str(exc)
+        logs = handle.run_dir / "logs"
+        _say(f"run {handle.run_id} failed: {summary.splitlines()[0]} (logs: {logs})")
+        return EXIT_FAILED
+
+
+_stop_reason = ["interrupted (Ctrl-C)"]
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``runs cancel``, a job scheduler) stops the run as Ctrl-C does."""
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        _stop_reason[0] = "cancelled (SIGTERM)"
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _say(text: str) -> None:
+    print(f"serverless-gpu: {text}", file=sys.stderr, flush=True)
+
+
+def _announce(fd: int, run_id: str) -> None:
+    """Tell the detaching parent the run's id, then leave the terminal's streams: the run's
+    output is in its per-rank logs and its outcome in its record."""
+    os.write(fd, f"{run_id}\n".encode())
+    os.close(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
+def detach(job: JobSpec) -> int:
+    """Start the job in a process of its own session and return once it has started."""
+    read_end, write_end = os.pipe()
+    with tempfile.TemporaryFile() as early_output:
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "serverless_gpu.cli",
+                "run",
+                "--output",
+                "none",
+                "--announce-fd",
+                str(write_end),
+                "--job-json",
+                job.model_dump_json(),
+            ],
+            pass_fds=(write_end,),
+            stdin=subprocess.DEVNULL,
+            stdout=early_output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C and a closed terminal do not reach it
+        )
+        os.close(write_end)
+        try:
+            run_id = _read_announcement(read_end)
+        finally:
+            os.close(read_end)
+        if run_id:
+            print(run_id)
+            _say(
+                f"run {run_id} started detached (pid {child.pid}); follow it with "
+                f"`serverless-gpu runs logs {run_id} --follow`, stop it with "
+                f"`serverless-gpu runs cancel {run_id}`"
+            )
+            return 0
+        if child.poll() is None:  # started nothing in time: it must not run on unseen
+            child.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(_STOP_WAIT_S)
+        early_output.seek(0)
+        sys.stderr.write(early_output.read().decode(errors="replace"))
+        _say("the detached run did not start")
+        return child.returncode or EXIT_FAILED
+
+
+def _read_announcement(fd: int) -> str:
+    """The run id the child writes once its run has started; empty if it ended first."""
+    deadline = time.monotonic() + _ANNOUNCE_WAIT_S
+    data = b""
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return ""
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            return ""
+        chunk = os.read(fd, 100)
+        if not chunk:
+            return ""
+        data += chunk
+    return data.decode().strip()

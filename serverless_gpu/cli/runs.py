@@ -1,0 +1,208 @@
+"""``serverless-gpu runs``: list, show, follow and cancel runs, from the run directories (their
+``run.json`` records and per-rank logs) and the MLflow store each run was tracked in."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ..errors import ConfigurationError
+from ..runrecord import RUNNING, RunInfo, list_runs, read_record
+
+_FOLLOW_POLL_S = 0.2
+_CANCEL_WAIT_S = 30.0
+
+
+def find_run(run_id: str) -> RunInfo:
+    """The run whose id is ``run_id`` or starts with it (a unique prefix is enough)."""
+    matches = [run for run in list_runs() if run.run_id.startswith(run_id)]
+    exact = [run for run in matches if run.run_id == run_id]
+    if exact:
+        return exact[0]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ConfigurationError(f"no run {run_id!r} (serverless-gpu runs list shows the runs)")
+    raise ConfigurationError(
+        f"{run_id!r} names {len(matches)} runs: {', '.join(r.run_id for r in matches)}"
+    )
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def _gpus(run: RunInfo) -> str:
+    size = run.record.get("world_size")
+    if size is None:
+        return "-"
+    kind = run.record.get("gpu_type") or run.record.get("device") or ""
+    return f"{size} x {kind}".strip()
+
+
+def list_table(limit: int) -> list[str]:
+    header = ("ID", "NAME", "STATUS", "GPUS", "START", "DURATION", "MLFLOW")
+    rows = [
+        (
+            run.run_id,
+            run.name[:30],
+            run.status,
+            _gpus(run),
+            _when(run.started),
+            _duration(run.duration),
+            run.mlflow_link or "-",
+        )
+        for run in list_runs()[:limit]
+    ]
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header) - 1)]
+    return [
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=False))
+        + "  "
+        + str(row[-1])
+        for row in [header, *rows]
+    ]
+
+
+def show_lines(run: RunInfo) -> list[str]:
+    rec = run.record
+    lines = [
+        f"id:        {run.run_id}",
+        f"name:      {run.name}",
+        f"status:    {run.status}",
+        f"ranks:     {_gpus(run)}",
+        f"started:   {_when(run.started)}",
+        f"duration:  {_duration(run.duration)}",
+    ]
+    if rec.get("command"):
+        lines.append(f"command:   {rec['command']}")
+    if rec.get("message"):
+        lines.append(f"cause:     {rec['message']}")
+    lines.append(f"run dir:   {run.run_dir}")
+    for rank, path in run.log_paths().items():
+        lines.append(f"log:       rank {rank}: {path}")
+    if run.mlflow_link:
+        lines.append(f"mlflow:    {run.mlflow_link}")
+    lines.extend(_mlflow_lines(rec.get("mlflow", {})))
+    return lines
+
+
+def _mlflow_lines(mlflow_info: dict[str, Any]) -> list[str]:
+    """The MLflow run's status and latest metrics, read from its store."""
+    uri, run_id = mlflow_info.get("tracking_uri"), mlflow_info.get("run_id")
+    if not uri or not run_id:
+        return []
+    try:
+        from mlflow import MlflowClient
+
+        from ..tracking.store import reachable
+
+        if not reachable(uri):
+            return [f"mlflow:    the tracking server {uri} does not answer"]
+        run = MlflowClient(uri).get_run(run_id)
+    except Exception as exc:  # a missing mlflow or a moved store: the rest is still shown
+        return [f"mlflow:    not read ({type(exc).__name__}: {str(exc)[:200]})"]
+    lines = [f"mlflow run: {run_id} ({run.info.status}) in {uri}"]
+    for key, value in sorted(run.data.metrics.items()):
+        lines.append(f"  {key} = {value:g}")
+    return lines
+
+
+def print_logs(run: RunInfo, rank: int | None, follow: bool) -> int:
+    paths = run.log_paths()
+    if rank is not None:
+        if rank not in paths:
+            raise ConfigurationError(f"run {run.run_id} has no log for rank {rank}")
+        paths = {rank: paths[rank]}
+    prefix = rank is None and len(paths) > 1
+    offsets = dict.fromkeys(paths, 0)
+    pending = dict.fromkeys(paths, b"")
+    try:
+        while True:
+            running = follow and _running(run)
+            for r, path in paths.items():
+                offsets[r], pending[r] = _emit(path, offsets[r], pending[r], r if prefix else None)
+            if not running:
+                break
+            time.sleep(_FOLLOW_POLL_S)
+            paths = _more_logs(run, rank, paths, offsets, pending)
+    except KeyboardInterrupt:
+        return 130
+    for r, rest in pending.items():  # a last line without its newline
+        if rest:
+            _write(rest + b"\n", r if prefix else None)
+    return 0
+
+
+def _running(run: RunInfo) -> bool:
+    return RunInfo(run.run_id, run.run_dir, read_record(run.run_dir)).status == RUNNING
+
+
+def _more_logs(
+    run: RunInfo,
+    rank: int | None,
+    paths: dict[int, Path],
+    offsets: dict[int, int],
+    pending: dict[int, bytes],
+) -> dict[int, Path]:
+    """Logs of ranks that started after following began."""
+    if rank is not None:
+        return paths
+    found = run.log_paths()
+    for r in found.keys() - paths.keys():
+        offsets[r], pending[r] = 0, b""
+    return found
+
+
+def _emit(path: Path, offset: int, pending: bytes, rank: int | None) -> tuple[int, bytes]:
+    """Write the log's complete new lines; the new offset and the unfinished line."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            raw = f.read()
+    except OSError:
+        return offset, pending
+    done, newline, rest = (pending + raw).rpartition(b"\n")
+    if newline:
+        _write(done + newline, rank)
+    return offset + len(raw), rest
+
+
+def _write(data: bytes, rank: int | None) -> None:
+    if rank is not None:
+        data = b"".join(b"[rank %d] " % rank + line for line in data.splitlines(keepends=True))
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def cancel(run: RunInfo) -> str:
+    """Stop a run started from the command line; returns its final status."""
+    if run.status != RUNNING:
+        return run.status
+    pid = run.record.get("cli_pid")
+    if not pid:
+        raise ConfigurationError(
+            f"run {run.run_id} was not started by `serverless-gpu run`: cancel it where it "
+            "runs (the notebook's Cancel button, or interrupt the kernel)"
+        )
+    caller = psutil.Process(int(pid))
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(caller.pid, signal.SIGTERM)
+    with contextlib.suppress(psutil.TimeoutExpired, psutil.NoSuchProcess):
+        caller.wait(_CANCEL_WAIT_S)
+    return RunInfo(run.run_id, run.run_dir, read_record(run.run_dir)).status

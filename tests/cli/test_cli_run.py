@@ -1,0 +1,125 @@
+"""``serverless-gpu run``: a torchrun-style script on every rank, as a real process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+from conftest import COMMAND, Cli
+from mlflow import MlflowClient
+
+TRAIN = """
+    import argparse
+
+    from serverless_gpu.examples.mlp import train
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=1)
+    args = parser.parse_args()
+    result = train(args.epochs, batch_size=64)
+    print(f"{__name__} rank {result['rank']} losses {result['epoch_losses']}")
+"""
+
+RAISES_ON_RANK_1 = """
+    import os
+    import time
+
+    def load_shard():
+        raise ValueError("shard 1 is missing")
+
+    if os.environ["RANK"] == "1":
+        load_shard()
+    time.sleep(60)
+"""
+
+
+def _record(tmp_path: Path) -> dict:
+    (record,) = (tmp_path / "runs").glob("*/run.json")
+    return json.loads(record.read_text())
+
+
+def test_script_trains_the_mlp_with_ddp_and_the_run_is_listed(
+    cli: Cli, write: Callable[[str, str], Path], tmp_path: Path, client: MlflowClient, cli_env: str
+) -> None:
+    write("train.py", TRAIN)
+    done = cli("run", "--gpus", "2", "--gpu-type", "cpu", "train.py", "--", "--epochs", "2")
+    assert done.returncode == 0, done.stderr
+    assert "[rank 0] epoch 1: mean loss" in done.stdout
+    assert "[rank 0] __main__ rank 0 losses" in done.stdout  # run as a script
+    record = _record(tmp_path)
+    run_dir = next((tmp_path / "runs").glob(f"*-{record['run_id']}"))
+    for rank in (0, 1):
+        log = (run_dir / "logs" / f"rank_{rank}.txt").read_text()
+        assert "epoch 1: mean loss" in log and f"__main__ rank {rank} losses" in log
+    experiment = client.get_experiment_by_name(cli_env)
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "train.py"
+    assert set(run.data.metrics) >= {"epoch_loss", "loss", "rank_1/loss"}
+
+    listed = cli("runs", "list")
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()[:2]
+    assert header.split()[:4] == ["ID", "NAME", "STATUS", "GPUS"]
+    assert row.split()[:3] == [record["run_id"], "train.py", "succeeded"]
+    assert "2 x CPU" in row and run.info.run_id in row  # the MLflow link
+
+    shown = cli("runs", "show", record["run_id"][:6])
+    assert shown.returncode == 0, shown.stderr
+    assert f"mlflow run: {run.info.run_id} (FINISHED)" in shown.stdout
+    assert "epoch_loss = " in shown.stdout and "command:   " in shown.stdout
+
+    rank1 = cli("runs", "logs", record["run_id"], "--rank", "1")
+    assert "__main__ rank 1 losses" in rank1.stdout and "[rank" not in rank1.stdout
+    both = cli("runs", "logs", record["run_id"])
+    assert "[rank 0] __main__ rank 0 losses" in both.stdout
+    assert "[rank 1] __main__ rank 1 losses" in both.stdout
+
+
+def test_a_rank_that_raises_fails_the_command_with_its_traceback(
+    cli: Cli, write: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    write("fails.py", RAISES_ON_RANK_1)
+    done = cli("run", "--gpus", "2", "--gpu-type", "cpu", "fails.py", timeout=120)
+    assert done.returncode == 1
+    # The live view (stdout) shows rank 1's traceback; the last line on stderr names the rank.
+    assert "[rank 1] ValueError: shard 1 is missing" in done.stdout
+    assert 'fails.py", line 6, in load_shard' in done.stdout
+    assert "failed: rank 1 raised ValueError: shard 1 is missing" in done.stderr
+    record = _record(tmp_path)
+    assert record["status"] == "failed" and record["message"].startswith("rank 1 raised")
+
+
+def test_ctrl_c_stops_every_rank_and_leaves_nothing(
+    write: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    write("sleeps.py", "import time\nprint('ready', flush=True)\ntime.sleep(300)\n")
+    command = [*COMMAND, "run", "--gpus", "2", "--gpu-type", "cpu", "--output", "all"]
+    proc = subprocess.Popen(
+        [*command, "sleeps.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        ready = 0
+        assert proc.stdout is not None
+        for line in proc.stdout:  # bounded by the Popen.wait below if the run never starts
+            ready += line.endswith("] ready\n")
+            if ready == 2:
+                break
+        assert ready == 2
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert len(tree) >= 3  # the launcher and both ranks
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    _, alive = psutil.wait_procs(tree, timeout=15)
+    assert not alive, [p.cmdline() for p in alive]
+    assert "stopped: interrupted (Ctrl-C)" in (proc.stderr.read() if proc.stderr else "")
+    assert _record(tmp_path)["status"] == "cancelled"

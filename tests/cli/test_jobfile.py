@@ -1,0 +1,125 @@
+"""Job files: a schema with errors that name the key and its line; a job file's run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import Cli
+from mlflow import MlflowClient
+
+from serverless_gpu.cli.app import main
+from serverless_gpu.cli.jobfile import load_job
+from serverless_gpu.errors import ConfigurationError
+
+GOOD = """
+    command: python greet.py --who "nightly run"
+    gpus: 2
+    gpu_type: cpu
+    timeout_minutes: 5
+    env:
+      GREETING: hello
+      REPEAT: 2
+    experiment_name: {experiment}
+    run_name: greet-nightly
+    max_retries: 0
+    remote: false
+"""
+
+GREET = """
+    import os
+    import sys
+
+    print(os.environ["GREETING"] * int(os.environ["REPEAT"]), sys.argv[1:], os.environ["RANK"])
+"""
+
+
+def test_an_unknown_key_names_itself_its_line_and_the_key_meant(
+    cli: Cli, write: Callable[[str, str], Path]
+) -> None:
+    write("job.yaml", "script: train.py\ngpus: 2\ngpu_typ: cpu\n")
+    done = cli("run", "-f", "job.yaml", timeout=60)
+    assert done.returncode == 2
+    assert "job.yaml:3: unknown key 'gpu_typ' (did you mean 'gpu_type'?)" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("script: t.py\ngpus: two\n", "job.yaml:2: gpus: Input should be a valid integer"),
+        ("script: t.py\ngpus: 0\n", "job.yaml:2: gpus: Input should be greater than or equal to 1"),
+        (
+            "script: t.py\nenv:\n  A: 1\n  B: [x]\n",
+            "job.yaml:4: env.B: Input should be a valid string",
+        ),
+        (
+            "script: t.py\nargs:\n  - a\n  - {b: 1}\n",
+            "job.yaml:4: args.1: Input should be a valid string",
+        ),
+        (
+            "script: t.py\ngpus: 1\ngpus: 2\n",
+            "job.yaml:3: key 'gpus' appears twice (first on line 2)",
+        ),
+        ("- script: t.py\n", "job.yaml:1: a job file is a mapping of keys"),
+        ("script: [t.py\n", "job.yaml:2: not valid YAML"),
+        (
+            "timeout_minutes: -1\nscript: t.py\n",
+            "job.yaml:1: timeout_minutes: Input should be greater than 0",
+        ),
+    ],
+)
+def test_schema_errors_name_the_key_and_line(
+    write: Callable[[str, str], Path], text: str, message: str
+) -> None:
+    path = write("job.yaml", text)
+    with pytest.raises(ConfigurationError) as info:
+        load_job(path)
+    assert str(info.value).startswith(str(path.parent / message))
+
+
+def test_what_runs_is_one_python_script_or_module(write: Callable[[str, str], Path]) -> None:
+    write("t.py", "")
+    job = load_job(write("job.yaml", "command: python3 -m pkg.train --lr 0.1\n"))
+    assert (job.target().module, job.target().args) == ("pkg.train", ("--lr", "0.1"))
+    job = load_job(write("job.yaml", "command: [python, t.py, --n, 3]\nargs: [--m, 4]\n"))
+    assert job.target().args == ("--n", "3", "--m", "4")
+    for text, error in [
+        ("command: bash run.sh\n", "does not run a Python script"),
+        ("command: python t.py\nscript: t.py\n", "exactly one of command, script or module"),
+        ("gpus: 2\n", "exactly one of command, script or module"),
+        ("script: missing.py\n", "no such script: missing.py"),
+    ]:
+        with pytest.raises(ConfigurationError, match=error):
+            load_job(write("job.yaml", text)).target()
+
+
+def test_max_retries_and_remote_are_refused_until_the_decorator_has_them(
+    write: Callable[[str, str], Path],
+) -> None:
+    write("t.py", "")
+    write("job.yaml", "script: t.py\ngpu_type: cpu\nmax_retries: 2\n")
+    runner = CliRunner()
+    done = runner.invoke(main, ["run", "-f", "job.yaml"])
+    assert done.exit_code == 2 and "max_retries=2 needs @distributed(max_retries=)" in done.output
+    done = runner.invoke(main, ["run", "--gpu-type", "cpu", "--max-retries", "1", "t.py"])
+    assert done.exit_code == 2 and "max_retries=1 needs" in done.output
+    done = runner.invoke(main, ["run", "--gpu-type", "cpu", "--remote", "t.py"])
+    assert done.exit_code == 2 and "remote=True needs the remote backend" in done.output
+
+
+def test_a_job_file_runs_with_its_environment_experiment_and_run_name(
+    cli: Cli, write: Callable[[str, str], Path], client: MlflowClient, tmp_path: Path
+) -> None:
+    experiment = f"nightly-{tmp_path.name}"
+    write("greet.py", GREET)
+    write("job.yaml", GOOD.format(experiment=experiment))
+    done = cli("run", "-f", "job.yaml", "--output", "all")
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        assert f"[rank {rank}] hellohello ['--who', 'nightly run'] {rank}" in done.stdout
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None
+    (run,) = client.search_runs([found.experiment_id])
+    assert run.info.run_name == "greet-nightly" and run.info.status == "FINISHED"
