@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any
 
 from ..console import ConsolePrinter
-from ..errors import DistributedTimeoutError
+from ..errors import CancelledError, DistributedTimeoutError
 from ..handle import RunHandle
 from ..runrecord import update_record
 from ..scripts import script_function
@@ -75,6 +75,9 @@ def _wait(handle: RunHandle[Any], output: str) -> int:
         handle.cancel(_stop_reason[0])
         handle.wait(_STOP_WAIT_S)
         _say(f"run {handle.run_id} stopped: {_stop_reason[0]}")
+        return EXIT_INTERRUPTED
+    except CancelledError as exc:  # cancelled from elsewhere (a hook, the library)
+        _say(f"run {handle.run_id} cancelled: {exc}")
         return EXIT_INTERRUPTED
     except DistributedTimeoutError as exc:
         _say(f"run {handle.run_id} timed out: {exc}")

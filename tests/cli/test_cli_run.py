@@ -123,3 +123,13 @@ def test_ctrl_c_stops_every_rank_and_leaves_nothing(
     assert not alive, [p.cmdline() for p in alive]
     assert "stopped: interrupted (Ctrl-C)" in (proc.stderr.read() if proc.stderr else "")
     assert _record(tmp_path)["status"] == "cancelled"
+
+
+def test_a_run_past_its_timeout_exits_124(
+    cli: Cli, write: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    write("sleeps.py", "import time\ntime.sleep(300)\n")
+    done = cli("run", "--gpus", "1", "--gpu-type", "cpu", "--timeout", "2", "sleeps.py")
+    assert done.returncode == 124, done.stderr
+    assert "timed out" in done.stderr
+    assert _record(tmp_path)["status"] == "timed_out"
