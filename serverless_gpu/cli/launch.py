@@ -153,6 +153,10 @@ def detach(job: JobSpec) -> int:
         os.close(write_end)
         try:
             run_id = _read_announcement(read_end)
+        except KeyboardInterrupt:  # Ctrl-C before the run started: it must not start unseen
+            child.terminate()
+            child.wait(_STOP_WAIT_S)
+            return EXIT_INTERRUPTED
         finally:
             os.close(read_end)
         if run_id:
