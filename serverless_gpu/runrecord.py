@@ -71,7 +71,12 @@ class RunRecorder:
     def __call__(self, event: Event) -> None:
         if isinstance(event, RunFinished):
             self.update(
-                {"status": event.status.value, "finished": event.time, "message": event.message}
+                {
+                    "status": event.status.value,
+                    "finished": event.time,
+                    "message": event.message,
+                    "root_cause_rank": event.root_cause_rank,
+                }
             )
 
 
@@ -144,6 +149,9 @@ class RunInfo:
             return abs(proc.create_time() - float(caller["create_time"])) < _CLOCK_SLACK_S
         except (KeyError, TypeError, ValueError, psutil.Error):
             return False
+
+    def log_path(self, rank: int) -> Path:
+        return self.run_dir / "logs" / f"rank_{rank}.txt"
 
     def log_paths(self) -> dict[int, Path]:
         logs = {}

@@ -16,13 +16,13 @@ import tempfile
 import time
 import traceback
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from ..console import ConsolePrinter
 from ..errors import CancelledError, DistributedTimeoutError
-from ..handle import RunHandle
-from ..runrecord import update_record
+from ..hooks import RunContext, register_hook, unregister_hook
+from ..runrecord import read_record, update_record
 from ..scripts import script_function
 from .jobfile import JobSpec
 
@@ -30,13 +30,16 @@ EXIT_FAILED = 1
 EXIT_TIMED_OUT = 124
 EXIT_INTERRUPTED = 130
 _STOP_WAIT_S = 15.0
-"""How long the ranks may take to stop after Ctrl-C or a cancel (grace included)."""
+"""How long a detached run that never started may take to stop."""
+_HOOK_ORDER = 60
+"""After the run record's hook, which writes the record this one adds to."""
 _ANNOUNCE_WAIT_S = 180.0
 """How long ``--detach`` waits for the run to start (a first launcher imports torch)."""
 
 
 def run_job(job: JobSpec, output: str, announce_fd: int | None = None) -> int:
-    """Run ``job`` on every rank and wait for it; the exit status."""
+    """Run ``job`` on every rank through ``.distributed()`` (so retries, graceful stops and
+    interrupts behave as for a decorated function); the exit status."""
     target = job.target()
     if job.experiment_name:
         os.environ["MLFLOW_EXPERIMENT_NAME"] = job.experiment_name
@@ -51,47 +54,62 @@ def run_job(job: JobSpec, output: str, announce_fd: int | None = None) -> int:
         max_retries=job.max_retries,
         remote=job.remote,
     )
-    with _terminate_as_interrupt():
-        handle = fn.start()
-        update_record(
-            handle.run_dir,
-            {
-                "run_name": job.run_name or target.name,
-                "command": target.command_line(),
-                "cli_pid": os.getpid(),
-                "detached": announce_fd is not None,
-            },
-        )
-        if announce_fd is not None:
-            _announce(announce_fd, handle.run_id)
-        return _wait(handle, output)
-
-
-def _wait(handle: RunHandle[Any], output: str) -> int:
+    runs = _CommandRuns(job.run_name or target.name, target.command_line(), announce_fd)
+    register_hook(runs, order=_HOOK_ORDER)
     try:
-        handle.result()
+        with _terminate_as_interrupt():
+            fn.distributed()
         return 0
     except KeyboardInterrupt:
-        handle.cancel(_stop_reason[0])
-        handle.wait(_STOP_WAIT_S)
-        _say(f"run {handle.run_id} stopped: {_stop_reason[0]}")
+        _say(f"run {runs.last_id} stopped: {_stop_reason[0]}")
         return EXIT_INTERRUPTED
     except CancelledError as exc:  # cancelled from elsewhere (a hook, the library)
-        _say(f"run {handle.run_id} cancelled: {exc}")
+        _say(f"run {runs.last_id} cancelled: {exc}")
         return EXIT_INTERRUPTED
     except DistributedTimeoutError as exc:
-        _say(f"run {handle.run_id} timed out: {exc}")
+        _say(f"run {runs.last_id} timed out: {str(exc).splitlines()[0]}")
         return EXIT_TIMED_OUT
     except Exception as exc:
-        finished = handle.finished
-        rank = finished.root_cause_rank if finished is not None else None
-        shown = rank is not None and ConsolePrinter(output).wants(rank, "stderr")
-        if not shown:  # the rank's traceback was not printed live: print it now
-            sys.stderr.write("".join(traceback.format_exception(exc)))
-        summary = finished.message if finished is not None and finished.message else str(exc)
-        logs = handle.run_dir / "logs"
-        _say(f"run {handle.run_id} failed: {summary.splitlines()[0]} (logs: {logs})")
-        return EXIT_FAILED
+        if runs.last_dir is None:
+            raise  # nothing started: a configuration the caller reports as such
+        return _failed(runs.last_dir, exc, output)
+    finally:
+        unregister_hook(runs)
+
+
+def _failed(run_dir: Path, exc: BaseException, output: str) -> int:
+    record = read_record(run_dir)
+    rank = record.get("root_cause_rank")
+    if not (isinstance(rank, int) and ConsolePrinter(output).wants(rank, "stderr")):
+        # The rank's traceback was not printed live: print it now.
+        sys.stderr.write("".join(traceback.format_exception(exc)))
+    summary = record.get("message") or str(exc)
+    logs = run_dir / "logs"
+    _say(f"run {record.get('run_id', '')} failed: {summary.splitlines()[0]} (logs: {logs})")
+    return EXIT_FAILED
+
+
+class _CommandRuns:
+    """A run hook for the runs of this command: marks their records as started from the
+    command line (what ``runs cancel`` checks) and announces the first to a detaching parent."""
+
+    def __init__(self, run_name: str, command: str, announce_fd: int | None) -> None:
+        self.fields = {
+            "run_name": run_name,
+            "command": command,
+            "cli_pid": os.getpid(),
+            "detached": announce_fd is not None,
+        }
+        self.announce_fd = announce_fd
+        self.last_id = ""
+        self.last_dir: Path | None = None
+
+    def __call__(self, ctx: RunContext) -> None:
+        self.last_id, self.last_dir = ctx.run_id, ctx.run_dir
+        update_record(ctx.run_dir, self.fields)
+        if self.announce_fd is not None:
+            _announce(self.announce_fd, ctx.run_id)
+            self.announce_fd = None
 
 
 _stop_reason = ["interrupted (Ctrl-C)"]

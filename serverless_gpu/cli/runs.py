@@ -126,9 +126,11 @@ def _mlflow_lines(mlflow_info: dict[str, Any]) -> list[str]:
 def print_logs(run: RunInfo, rank: int | None, follow: bool) -> int:
     paths = run.log_paths()
     if rank is not None:
-        if rank not in paths:
+        size = run.record.get("world_size")
+        known = rank in paths or (follow and isinstance(size, int) and rank < size)
+        if not known:  # a rank that has not started yet is waited for when following
             raise ConfigurationError(f"run {run.run_id} has no log for rank {rank}")
-        paths = {rank: paths[rank]}
+        paths = {rank: run.log_path(rank)}
     prefix = rank is None and len(paths) > 1
     offsets = dict.fromkeys(paths, 0)
     pending = dict.fromkeys(paths, b"")
