@@ -154,7 +154,11 @@ def runs_list(limit: int) -> None:
     """ID, name, status, GPUs, start, duration and MLflow link of the latest runs."""
     from .runs import list_table
 
-    for line in list_table(limit):
+    try:
+        lines = list_table(limit)
+    except ConfigurationError as exc:  # e.g. a runs folder that is not safe to read
+        raise BadRun(str(exc)) from None
+    for line in lines:
         click.echo(line)
 
 
