@@ -22,6 +22,7 @@ LAUNCHER_LOG = re.compile(r"launcher-(\d+)\.log")
 """A launcher's own output in the runs root, named for the caller's pid."""
 LOG_GLOB = "rank_*.txt"
 """Every rank's log in :attr:`RunPaths.logs`."""
+_LOG_NAME = re.compile(r"rank_(\d+)\.txt")
 
 
 def launcher_log(runs_root: Path, caller_pid: int) -> Path:
@@ -57,6 +58,21 @@ class RunPaths:
     def log(self, rank: int) -> Path:
         """Rank ``rank``'s stdout and stderr, as the launcher tees them."""
         return self.logs / f"rank_{rank}.txt"
+
+    def existing_logs(self) -> dict[int, Path]:
+        """The ranks' logs that exist now, by rank."""
+        found = {}
+        for path in self.logs.glob(LOG_GLOB):
+            match = _LOG_NAME.fullmatch(path.name)
+            if match:
+                found[int(match[1])] = path
+        return dict(sorted(found.items()))
+
+    @property
+    def record(self) -> Path:
+        """What the run was and how it ended (JSON, ``runrecord.py``): what
+        ``serverless-gpu runs`` lists. Kept with the run directory."""
+        return self.run_dir / "run.json"
 
     def error(self, rank: int) -> Path:
         """Rank ``rank``'s ``ErrorRecord``, when it failed (kept for the user)."""

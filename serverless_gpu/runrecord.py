@@ -20,9 +20,9 @@ import psutil
 
 from .events import Event, RunFinished
 from .hooks import RunContext, register_hook
-from .rundirs import MARKER, runs_root
+from .rundirs import runs_root
+from .runpaths import MARKER, RUN_NAME, RunPaths
 
-RECORD = "run.json"
 RUNNING = "running"
 LOST = "lost"
 """The caller ended without recording an outcome."""
@@ -83,17 +83,17 @@ class RunRecorder:
 def update_record(run_dir: Path, fields: dict[str, Any]) -> None:
     """Merge ``fields`` into the run's record (written whole, then renamed: never half-read).
     A record that cannot be written costs the listing its entry, never the run."""
-    path = run_dir / RECORD
+    path = RunPaths(run_dir).record
     with contextlib.suppress(OSError):
         record = {**read_record(run_dir), **fields}
-        tmp = path.with_name(f".{RECORD}.{os.getpid()}")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(record, indent=1, default=str))
         os.replace(tmp, path)
 
 
 def read_record(run_dir: Path) -> dict[str, Any]:
     try:
-        data = json.loads((run_dir / RECORD).read_text())
+        data = json.loads(RunPaths(run_dir).record.read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -151,15 +151,10 @@ class RunInfo:
             return False
 
     def log_path(self, rank: int) -> Path:
-        return self.run_dir / "logs" / f"rank_{rank}.txt"
+        return RunPaths(self.run_dir).log(rank)
 
     def log_paths(self) -> dict[int, Path]:
-        logs = {}
-        for path in (self.run_dir / "logs").glob("rank_*.txt"):
-            rank = path.stem.removeprefix("rank_")
-            if rank.isdigit():
-                logs[int(rank)] = path
-        return dict(sorted(logs.items()))
+        return RunPaths(self.run_dir).existing_logs()
 
 
 def list_runs(root: Path | None = None) -> list[RunInfo]:
@@ -169,7 +164,11 @@ def list_runs(root: Path | None = None) -> list[RunInfo]:
     with os.scandir(root) as entries:
         for entry in entries:
             run_dir = Path(entry.path)
-            if not entry.is_dir(follow_symlinks=False) or not (run_dir / MARKER).is_file():
+            if not (
+                RUN_NAME.fullmatch(entry.name)
+                and entry.is_dir(follow_symlinks=False)
+                and (run_dir / MARKER).is_file()
+            ):
                 continue
             record = read_record(run_dir)
             run_id = str(record.get("run_id") or entry.name.rsplit("-", 1)[-1])

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .decorator import DistributedConfig, DistributedFunction, distributed
+from .config import DistributedConfig
+from .decorator import DistributedFunction, distributed
 from .errors import ConfigurationError
 
 

@@ -22,6 +22,7 @@ from types import FrameType
 from ..console import ConsolePrinter
 from ..errors import CancelledError, DistributedTimeoutError
 from ..hooks import RunContext, register_hook, unregister_hook
+from ..runpaths import RunPaths
 from ..runrecord import read_record, update_record
 from ..scripts import script_function
 from .jobfile import JobSpec
@@ -84,7 +85,7 @@ def _failed(run_dir: Path, exc: BaseException, output: str) -> int:
         # The rank's traceback was not printed live: print it now.
         sys.stderr.write("".join(traceback.format_exception(exc)))
     summary = record.get("message") or str(exc)
-    logs = run_dir / "logs"
+    logs = RunPaths(run_dir).logs
     _say(f"run {record.get('run_id', '')} failed: {summary.splitlines()[0]} (logs: {logs})")
     return EXIT_FAILED
 
