@@ -14,6 +14,8 @@ from . import settings
 from .console import OUTPUT_CHOICES
 from .errors import ConfigurationError
 from .gpus import GPUType, check_cpu_count, check_gpu_count, cpu_mode_requested
+from .hangs import DEFAULT_HANG_WARNING_S
+from .retries import type_name
 
 DEFAULT_TIMEOUT = 10800.0
 DEFAULT_GRACE = 1.0
@@ -48,6 +50,22 @@ class DistributedConfig:
     shorter timeout)."""
     standby: bool = True
     """Prepare rank processes ahead of the call (launcher started at decoration time)."""
+    stop_grace: float = 0.0
+    """Seconds a cancel, timeout or interrupt first asks the ranks to stop
+    (``runtime.should_stop()`` turns True) before stopping them as usual; a second cancel or
+    interrupt stops them at once. 0 (the default): stopped at once. For training, 30-120 s
+    leaves time to save a checkpoint; at most 600."""
+    hang_warning: float | None = DEFAULT_HANG_WARNING_S
+    """Seconds a running rank may show no sign of life (output line, metric,
+    ``runtime.heartbeat()``) before the console and widget warn, naming it; nothing is
+    stopped. ``None``: no warning."""
+    max_retries: int = 0
+    """Start the call again, up to this many times, when it fails with a crash, a lost rank or
+    a collective error (not an exception of the user's code unless ``retry_on`` names it)."""
+    retry_on: tuple[type[BaseException] | str, ...] = ()
+    """Exception types that are retried too (``(ValueError,)``, ``(DistributedTimeoutError,)``).
+    Kept as their qualified names (``"builtins.ValueError"``): the config travels to processes
+    that cannot import a class defined in a notebook."""
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)
@@ -60,6 +78,7 @@ class DistributedConfig:
             raise ConfigurationError(f"output must be one of {OUTPUT_CHOICES}, not {self.output!r}")
         _check_grace(self.grace, self.timeout)
         _check_options(self)
+        _check_recovery(self)
 
 
 def _is_number(value: object) -> TypeGuard[float]:
@@ -99,3 +118,35 @@ def _check_options(config: DistributedConfig) -> None:
             raise ConfigurationError(f"{name} must be True or False, not {getattr(config, name)!r}")
     if config.run_name is not None and not isinstance(config.run_name, str):
         raise ConfigurationError(f"run_name must be a string or None, not {config.run_name!r}")
+
+
+MAX_STOP_GRACE_S = 600.0
+
+
+def _check_recovery(config: DistributedConfig) -> None:
+    """``stop_grace``, ``hang_warning``, ``max_retries``, ``retry_on``."""
+    grace = config.stop_grace
+    if not (_is_number(grace) and 0 <= grace <= MAX_STOP_GRACE_S):
+        raise ConfigurationError(
+            f"stop_grace must be a number of seconds from 0 to {MAX_STOP_GRACE_S:g}, not {grace!r}"
+        )
+    hang = config.hang_warning
+    if hang is not None and not (_is_number(hang) and math.isfinite(hang) and hang > 0):
+        raise ConfigurationError(
+            f"hang_warning must be a positive number of seconds or None, not {hang!r}"
+        )
+    retries = config.max_retries
+    if not (isinstance(retries, int) and not isinstance(retries, bool) and 0 <= retries <= 100):
+        raise ConfigurationError(
+            f"max_retries must be a whole number from 0 to 100, not {retries!r}"
+        )
+    kinds = config.retry_on
+    if not (
+        isinstance(kinds, tuple)
+        and all(
+            isinstance(k, str) or (isinstance(k, type) and issubclass(k, BaseException))
+            for k in kinds
+        )
+    ):
+        raise ConfigurationError(f"retry_on must be a tuple of exception types, not {kinds!r}")
+    object.__setattr__(config, "retry_on", tuple(map(type_name, kinds)))

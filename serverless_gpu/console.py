@@ -10,7 +10,16 @@ import sys
 import time
 from typing import TextIO
 
-from .events import Event, OutputLines, RankFinished, RankState, RunFinished, RunStarted
+from .events import (
+    Event,
+    OutputLines,
+    RankFinished,
+    RanksSilent,
+    RankState,
+    RunFinished,
+    RunStarted,
+)
+from .hangs import warning_text
 from .runpaths import RunPaths
 
 OUTPUT_CHOICES = ("default", "all", "rank0", "none")
@@ -51,6 +60,8 @@ class ConsolePrinter:
         elif isinstance(event, RankFinished) and event.state is RankState.FAILED:
             how = event.signal_name or f"exit code {event.exit_code}"
             self._write(f"serverless_gpu: rank {event.rank} {event.state} ({how})\n")
+        elif isinstance(event, RanksSilent) and event.ranks:
+            self._write(f"serverless_gpu: warning: {warning_text(event)} (handle.stacks()).\n")
         elif isinstance(event, RunFinished):
             elapsed = event.time - self._started if self._started else 0.0
             detail = f": {event.message}" if event.message else ""

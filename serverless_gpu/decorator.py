@@ -20,15 +20,32 @@ from .backends.base import Backend
 from .backends.local import default_backend
 from .config import DEFAULT_TIMEOUT, DistributedConfig
 from .console import ConsolePrinter
-from .errors import ConfigurationError, DistributedError, LauncherError, StorageError, UsageError
+from .errors import (
+    CancelledError,
+    ConfigurationError,
+    DistributedError,
+    LauncherError,
+    StorageError,
+    UsageError,
+)
 from .gpus import GPUType, resolve_placement
 from .handle import RunHandle
 from .hooks import RunContext, run_hooks
+from .lifetime import bounded_grace
 from .results import RunResult
+from .retries import (
+    Call,
+    FailedAttempt,
+    add_note,
+    attempts_note,
+    failed_attempt,
+    retryable,
+)
 from .rundirs import new_run_dir
 from .runpaths import RunPaths
 from .runspec import RunSpec
 from .serialization import dump_payload, max_payload_bytes
+from .stop import ATTEMPT_ENV
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -81,19 +98,52 @@ class DistributedFunction(Generic[P, R]):
         )
 
     def distributed(self, *args: P.args, **kwargs: P.kwargs) -> RunResult[R]:
-        """Run the function once per rank with these arguments; one return value per rank."""
+        """Run the function once per rank with these arguments; one return value per rank.
+
+        With ``max_retries`` a crashed attempt is started again (see ``retries.py``); the
+        caller gets one result, or the last error with every attempt's root cause."""
         __tracebackhide__ = True  # IPython and pytest hide this frame in tracebacks
+        call = Call(max_retries=self.config.max_retries)
+        failed: list[FailedAttempt] = []
+        status = "failed"
         try:
-            handle = self.start(*args, **kwargs)
+            while True:
+                handle = self._begin(call, args, kwargs)  # a call that cannot start: no retry
+                try:
+                    result = self._wait(handle)
+                    status = "succeeded"
+                    return result
+                except KeyboardInterrupt:
+                    status = "cancelled"
+                    raise
+                except BaseException as exc:
+                    failed.append(failed_attempt(call.attempt, exc))
+                    if call.attempt >= call.max_retries or not retryable(exc, self.config.retry_on):
+                        status = "cancelled" if isinstance(exc, CancelledError) else "failed"
+                        if len(failed) > 1:
+                            add_note(exc, attempts_note(failed))
+                        raise
+                    call.attempt += 1
+                    _say_retrying(failed[-1], call)
+        finally:
+            call.end(status)
+
+    def _begin(self, call: Call, args: Any, kwargs: Any) -> RunHandle[R]:
+        __tracebackhide__ = True
+        try:
+            return self._start(call, *args, **kwargs)
         except DistributedError as exc:
             # The library's frames below here say nothing; the exception keeps its own cause
             # and context, so no "from".
             raise exc.with_traceback(None)  # noqa: B904
+
+    def _wait(self, handle: RunHandle[R]) -> RunResult[R]:
+        """One attempt of the call, started: its results or its root-cause error."""
+        __tracebackhide__ = True
         try:
             return handle.result()
         except KeyboardInterrupt as exc:
-            handle.cancel("interrupted (KeyboardInterrupt in the caller)")
-            handle.wait(_INTERRUPT_WAIT_S)
+            _interrupted(handle, self.config)
             # The interrupt landed somewhere in the library's waiting loop: its frames
             # (handle.py, queue.py, threading.py) would only hide the user's line.
             raise exc.with_traceback(None)  # noqa: B904
@@ -106,7 +156,11 @@ class DistributedFunction(Generic[P, R]):
                 handle.wait(_INTERRUPT_WAIT_S)
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> RunHandle[R]:
-        """Start the ranks and return at once (provisional API; ``.distributed`` builds on it)."""
+        """Start the ranks and return at once (provisional API; ``.distributed`` builds on it).
+        One attempt: ``max_retries`` is ``.distributed``'s."""
+        return self._start(Call(), *args, **kwargs)
+
+    def _start(self, call: Call, *args: Any, **kwargs: Any) -> RunHandle[R]:
         cfg = self.config
         settings.check()  # before anything exists: no run directory, MLflow run or launcher
         cwd = _working_directory()
@@ -118,7 +172,8 @@ class DistributedFunction(Generic[P, R]):
         except OSError as exc:
             raise _os_error("could not create the run directory", exc, ConfigurationError) from exc
         paths = RunPaths(run_dir, results_dir)
-        ctx = RunContext(RunSpec(run_id, name, placement, paths, cfg))
+        ctx = RunContext(RunSpec(run_id, name, placement, paths, cfg), call=call)
+        ctx.env[ATTEMPT_ENV] = str(call.attempt)
         subscribers = run_hooks(ctx)
         if not ctx.display_claimed:
             subscribers.insert(0, ConsolePrinter(cfg.output))
@@ -130,6 +185,26 @@ class DistributedFunction(Generic[P, R]):
         for subscriber in subscribers:
             handle.subscribe(subscriber)
         return handle
+
+
+def _interrupted(handle: RunHandle[Any], cfg: DistributedConfig) -> None:
+    """A KeyboardInterrupt while waiting: ask the ranks to stop (``stop_grace``) and wait for
+    them; a second interrupt stops them at once."""
+    handle.cancel("interrupted (KeyboardInterrupt in the caller)")
+    try:
+        handle.wait(cfg.stop_grace + bounded_grace(cfg.grace, cfg.timeout) + _INTERRUPT_WAIT_S)
+    except KeyboardInterrupt:
+        handle.cancel("interrupted twice (KeyboardInterrupt in the caller)", force=True)
+        handle.wait(_INTERRUPT_WAIT_S)
+
+
+def _say_retrying(failed: FailedAttempt, call: Call) -> None:
+    print(
+        f"serverless_gpu: attempt {failed.number} failed ({failed.cause}); starting attempt "
+        f"{call.attempt} of {call.max_retries} (runtime.attempt() tells the ranks)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO}

@@ -10,6 +10,8 @@ RUN_ID_ENV = "SERVERLESS_GPU_RUN_ID"
 RUN_DIR_ENV = "SERVERLESS_GPU_RUN_DIR"
 RANK_INIT_ENV = "SERVERLESS_GPU_RANK_INIT"
 METRICS_INTERVAL_ENV = "SERVERLESS_GPU_SYSTEM_METRICS_INTERVAL"
+FLIGHT_RECORDER_ENV = "TORCH_FR_BUFFER_SIZE"
+FLIGHT_RECORDER_ENTRIES = "2000"
 MULTICAST_OFF = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -66,6 +68,11 @@ def rank_env(
     # Without this, every rank starts one OpenMP thread per core and they oversubscribe the CPU.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
     multicast_off(env)
+    # NCCL's flight recorder: a timeout's error says which collective each GPU rank entered
+    # last (a few hundred KiB of memory per rank).
+    recorder_set = {FLIGHT_RECORDER_ENV, "TORCH_NCCL_TRACE_BUFFER_SIZE"} & env.keys()
+    if device != "cpu" and not recorder_set:
+        env[FLIGHT_RECORDER_ENV] = FLIGHT_RECORDER_ENTRIES
     if device == "cpu":
         cpu_mode_defaults(env)
     return env

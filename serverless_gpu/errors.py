@@ -159,15 +159,28 @@ class DistributedTimeoutError(DistributedError, TimeoutError):
     """The call ran past its ``timeout``; every rank was killed."""
 
     def __init__(
-        self, timeout: float, running_ranks: tuple[int, ...], *, run_dir: Path | None
+        self,
+        timeout: float,
+        running_ranks: tuple[int, ...],
+        *,
+        run_dir: Path | None,
+        stacks: dict[int, str] | None = None,
+        where: dict[int, str] | None = None,
     ) -> None:
         ranks = ", ".join(str(r) for r in running_ranks) or "none"
-        super().__init__(
-            f"distributed call exceeded its timeout of {timeout:g} s; ranks still running: {ranks}",
-            run_dir=run_dir,
+        text = (
+            f"distributed call exceeded its timeout of {timeout:g} s; ranks still running: {ranks}"
         )
+        if where:
+            text += "\nwhere each rank was (main thread) when the timeout struck:"
+            text += "".join(f"\n  rank {r}: {line}" for r, line in sorted(where.items()))
+        if stacks and run_dir is not None:
+            text += f"\nevery thread's stack: the error's .stacks, and {run_dir / 'stacks'}"
+        super().__init__(text, run_dir=run_dir)
         self.timeout = timeout
         self.running_ranks = running_ranks
+        self.stacks: dict[int, str] = dict(stacks or {})
+        """Each rank's stacks (faulthandler's text, every thread) taken before it was stopped."""
 
 
 class WaitTimeoutError(DistributedError, TimeoutError):

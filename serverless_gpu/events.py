@@ -173,6 +173,20 @@ class SystemMetrics:
     time: float
 
 
+@dataclass(frozen=True)
+class RanksSilent:
+    """Ranks that showed no sign of life (output line, metric, ``runtime.heartbeat()``) for
+    ``seconds`` while the run goes on; made in the caller (``hangs.py``). Nothing is stopped:
+    ``RunHandle.stacks()`` shows where they are. An empty ``ranks`` ends an earlier warning."""
+
+    run_id: str
+    ranks: tuple[int, ...]
+    seconds: float
+    everyone: bool
+    """Every running rank is silent (a hang), not only some (stragglers)."""
+    time: float
+
+
 Event = (
     RunStarted
     | RankStarted
@@ -181,5 +195,6 @@ Event = (
     | RunFinished
     | RankMessage
     | SystemMetrics
+    | RanksSilent
 )
 Subscriber = Callable[[Event], None]

@@ -13,16 +13,19 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from . import stacks as _stacks
 from .errors import WaitTimeoutError
 from .events import (
     Event,
     OutputLines,
     RankFinished,
+    RankStarted,
     RunFinished,
     RunStarted,
     RunStatus,
     Subscriber,
 )
+from .hangs import HangWatch
 from .hooks import RunContext
 from .results import RunResult, failure_exception, load_results, with_root_cause
 from .rundirs import release_run
@@ -35,7 +38,12 @@ _SLICE_S = 0.05
 class RunHandle(Generic[R]):
     """A started run. ``wait`` pumps its events; ``result`` returns values or raises."""
 
-    def __init__(self, ctx: RunContext, cancel: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        cancel: Callable[[str, bool], None],
+        take_stacks: Callable[[], None] | None = None,
+    ) -> None:
         self.context = ctx
         self.run_id = ctx.run_id
         self.run_dir = ctx.run_dir
@@ -43,12 +51,17 @@ class RunHandle(Generic[R]):
         self.ranks: dict[int, RankFinished] = {}
         self.finished: RunFinished | None = None
         self._cancel = cancel
+        self._cancels = 0
+        self._take_stacks = take_stacks
+        self._hangs = HangWatch(ctx.run_id, ctx.config.hang_warning)
+        self._started: set[int] = set()
         self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._subscribers: list[Subscriber] = []
         self._stderr: dict[int, deque[str]] = {}
         self._outcome: tuple[RunResult[R] | None, BaseException | None] | None = None
         self.idle_callbacks = ctx.idle_callbacks
         ctx.set_canceller(self.cancel)
+        ctx.set_stacks_taker(self.stacks)
         self.push(RunStarted.of(ctx.spec, time.time()))
 
     # -- feeding (backend thread) ----------------------------------------------------------
@@ -82,17 +95,37 @@ class RunHandle(Generic[R]):
                 self._dispatch(self._queue.get(timeout=remaining))
             except queue.Empty:
                 pass
+            self._check_hangs()
             for callback in self.idle_callbacks:
                 callback()
         return True
 
+    def _check_hangs(self) -> None:
+        warning = self._hangs.check()
+        if warning is not None:
+            self._dispatch(warning)
+
     def done(self) -> bool:
         return self.poll()
 
-    def cancel(self, reason: str = "cancelled by the user") -> None:
-        """Ask the backend to stop every rank (TERM, grace, KILL); returns at once."""
+    def cancel(self, reason: str = "cancelled by the user", *, force: bool = False) -> None:
+        """Stop the run; returns at once. With ``stop_grace`` the first cancel asks the ranks
+        to stop (``runtime.should_stop()``) and gives them that long to return; a second one
+        (or ``force``) stops them at once (TERM, grace, KILL)."""
         if not self.poll():
-            self._cancel(reason)
+            self._cancels += 1
+            self._cancel(reason, force or self._cancels > 1)
+
+    def stacks(self, timeout: float = _stacks.WAIT_S) -> dict[int, str]:
+        """Every running rank's Python stacks (all threads, faulthandler's text), without
+        stopping the run; also saved in the run directory (``RunPaths.stacks``). A rank
+        that did not answer within ``timeout`` seconds is left out; a finished run gives the
+        stacks saved last (a timeout saves them before stopping the ranks)."""
+        self.poll()
+        running = sorted(self._started - set(self.ranks))
+        if self.finished is not None or not running or self._take_stacks is None:
+            return _stacks.load_saved(self.context.paths, self.context.placement.world_size)
+        return _stacks.take(self.context.paths, running, self._take_stacks, timeout)
 
     def result(self, timeout: float | None = None) -> RunResult[R]:
         """The ranks' return values in rank order, or the root-cause exception raised."""
@@ -115,6 +148,9 @@ class RunHandle(Generic[R]):
     # -- internals -------------------------------------------------------------------------
 
     def _dispatch(self, event: Event) -> None:
+        self._hangs.seen(event)
+        if isinstance(event, RankStarted):
+            self._started.add(event.rank)
         if isinstance(event, OutputLines) and event.stream == "stderr":
             tail = self._stderr.setdefault(event.rank, deque(maxlen=_STDERR_TAIL_LINES))
             tail.extend(line for line in event.lines if line.endswith("\n"))

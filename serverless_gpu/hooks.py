@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import DistributedConfig
 from .env import RANK_INIT_ENV
@@ -19,6 +19,9 @@ from .events import Subscriber
 from .gpus import Placement
 from .runpaths import RunPaths
 from .runspec import RunSpec
+
+if TYPE_CHECKING:
+    from .retries import Call
 
 
 @dataclass
@@ -42,7 +45,11 @@ class RunContext:
     idle_callbacks: list[Callable[[], None]] = field(default_factory=list)
     """Called repeatedly while the caller blocks waiting for the run (every ~50 ms); the Jupyter
     extension processes widget clicks here so that Cancel works during a blocking call."""
-    _canceller: Callable[[str], None] | None = field(default=None, repr=False)
+    call: Call | None = None
+    """The ``.distributed()`` call this run is an attempt of (``call.attempt``); hooks keep
+    per-call state there (``call.state``, ``call.on_end``)."""
+    _canceller: Callable[..., None] | None = field(default=None, repr=False)
+    _stacks_taker: Callable[[], dict[int, str]] | None = field(default=None, repr=False)
 
     @property
     def run_id(self) -> str:
@@ -82,14 +89,23 @@ class RunContext:
         self.spec = replace(self.spec, env=env, cwd=cwd, sys_path=sys_path)
         return self.spec
 
-    def set_canceller(self, cancel: Callable[[str], None]) -> None:
-        """What :meth:`cancel` calls: the started run's handle sets it."""
+    def set_canceller(self, cancel: Callable[..., None]) -> None:
+        """What :meth:`cancel` calls (``reason, force=``): the started run's handle sets it."""
         self._canceller = cancel
 
-    def cancel(self, reason: str = "cancelled by the user") -> None:
-        """Stop every rank of the run (TERM, grace, KILL); returns at once."""
+    def set_stacks_taker(self, take: Callable[[], dict[int, str]]) -> None:
+        """What :meth:`stacks` calls: the started run's handle sets it."""
+        self._stacks_taker = take
+
+    def cancel(self, reason: str = "cancelled by the user", *, force: bool = False) -> None:
+        """Stop the run (see ``RunHandle.cancel``: with ``stop_grace`` the first cancel asks
+        the ranks to stop, a second one stops them at once); returns at once."""
         if self._canceller is not None:
-            self._canceller(reason)
+            self._canceller(reason, force=force)
+
+    def stacks(self) -> dict[int, str]:
+        """Every running rank's stacks (``RunHandle.stacks``); empty before the run starts."""
+        return self._stacks_taker() if self._stacks_taker is not None else {}
 
 
 RunHook = Callable[[RunContext], "Subscriber | None"]

@@ -50,6 +50,7 @@ from .protocol import (
     RankGroups,
     RunAccepted,
     Shutdown,
+    TakeStacks,
 )
 from .rank_process import RankProcess, fork_rank
 from .runspec import RunSpec
@@ -192,7 +193,11 @@ class LauncherLoop:
         elif isinstance(message, CancelRun):
             run = self.runs.get(message.run_id)
             if run is not None:
-                run.cancel(message.reason)
+                run.cancel(message.reason, message.force)
+        elif isinstance(message, TakeStacks):
+            run = self.runs.get(message.run_id)
+            if run is not None:
+                run.take_stacks()
         elif isinstance(message, Prewarm):
             self.preload.update(message.preload)
             self._use_shape((message.device, message.world_size), add=True)
@@ -361,7 +366,7 @@ class LauncherLoop:
         self.running = False  # also stops runs that end now from preparing new standby ranks
         self.emit(Exiting())  # new calls go to a fresh launcher from now on
         for run in self.runs.values():
-            run.cancel("the launcher is shutting down")
+            run.cancel("the launcher is shutting down", force=True)
         pids = self.all_pids()
         terminate_groups(pids, 1.0, reap=self._reap_all)
         reaped_by = time.monotonic() + _REAP_AT_EXIT_S

@@ -22,6 +22,16 @@ from .runspec import RunSpec
 class CancelRun:
     run_id: str
     reason: str
+    force: bool = False
+    """Stop at once, without asking the ranks first (a second Cancel or interrupt)."""
+
+
+@dataclass(frozen=True)
+class TakeStacks:
+    """Signal the run's live ranks to dump their stacks (and flight recorder); the caller
+    reads the dumps from the run directory."""
+
+    run_id: str
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from . import flight, stack_text, stacks
 from .errors import (
     CONNECTION_LOST,
     RAISED,
@@ -84,7 +85,12 @@ def failure_exception(
     """The exception the caller raises for a run that did not succeed."""
     run_dir = paths.run_dir
     if finished.status is RunStatus.TIMED_OUT:
-        return DistributedTimeoutError(timeout or 0.0, finished.unfinished_ranks, run_dir=run_dir)
+        return timeout_error(
+            timeout or 0.0,
+            finished.unfinished_ranks,
+            paths,
+            max([len(ranks), *(r + 1 for r in finished.unfinished_ranks)]),
+        )
     if finished.status is RunStatus.CANCELLED:
         return CancelledError(f"run cancelled: {finished.message}", run_dir=run_dir)
     root = finished.root_cause_rank
@@ -104,6 +110,26 @@ def failure_exception(
     if error_path.exists():
         return _exception_from_record(load_from_file(error_path), failure, run_dir)
     return RankFailedError(failure, run_dir=run_dir)
+
+
+def timeout_error(
+    timeout: float, running: tuple[int, ...], paths: RunPaths, world_size: int
+) -> DistributedTimeoutError:
+    """With the stacks the launcher took before stopping the ranks, and where each was."""
+    found = stacks.load_saved(paths, world_size)
+    where = {}
+    for rank in range(world_size):
+        collective = flight.last_collective(paths, rank)
+        if rank in running:
+            line = stack_text.where(found[rank]) if rank in found else "did not answer"
+        elif collective or rank in found:
+            line = "had returned (waiting for the others)"
+        else:
+            continue
+        where[rank] = line + (f"; last collective: {collective}" if collective else "")
+    return DistributedTimeoutError(
+        timeout, running, run_dir=paths.run_dir, stacks=found, where=where
+    )
 
 
 def _exception_from_record(

@@ -21,7 +21,8 @@ RUN_NAME = re.compile(r"\d{8}-\d{6}-[A-Za-z0-9_.-]{0,40}-[0-9a-f]{12}")
 LAUNCHER_LOG = re.compile(r"launcher-(\d+)\.log")
 """A launcher's own output in the runs root, named for the caller's pid."""
 LOG_GLOB = "rank_*.txt"
-"""Every rank's log in :attr:`RunPaths.logs`."""
+"""Every rank's log in :attr:`RunPaths.logs`, and every rank's latest stacks in
+:attr:`RunPaths.stacks_dir`."""
 _LOG_NAME = re.compile(r"rank_(\d+)\.txt")
 
 
@@ -73,6 +74,24 @@ class RunPaths:
         """What the run was and how it ended (JSON, ``runrecord.py``): what
         ``serverless-gpu runs`` lists. Kept with the run directory."""
         return self.run_dir / "run.json"
+
+    @property
+    def stacks_dir(self) -> Path:
+        """The ranks' stacks and flight-recorder dumps (``stacks.py``), kept for the user."""
+        return self.run_dir / "stacks"
+
+    def stacks_dumps(self, rank: int) -> Path:
+        """Every stack dump rank ``rank``'s faulthandler wrote, appended; its first line names
+        the rank's main thread."""
+        return self.stacks_dir / f".live_rank_{rank}.txt"
+
+    def stacks(self, rank: int) -> Path:
+        """Rank ``rank``'s stacks as taken last (a timeout takes them before the stop)."""
+        return self.stacks_dir / f"rank_{rank}.txt"
+
+    def flight_recorder(self, rank: int) -> Path:
+        """Rank ``rank``'s dump of the collectives' flight recorder (a pickle of torch's)."""
+        return self.stacks_dir / f"flight_rank_{rank}.pkl"
 
     def error(self, rank: int) -> Path:
         """Rank ``rank``'s ``ErrorRecord``, when it failed (kept for the user)."""

@@ -8,9 +8,27 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .env import DEVICE_ENV
+from .stop import attempt, heartbeat, on_stop, should_stop
 
 if TYPE_CHECKING:
     import torch
+
+__all__ = [
+    "attempt",
+    "device",
+    "get_global_rank",
+    "get_local_rank",
+    "get_local_world_size",
+    "get_node_rank",
+    "get_world_size",
+    "heartbeat",
+    "init_process_group",
+    "is_cpu_mode",
+    "on_rank_exit",
+    "on_stop",
+    "send_to_caller",
+    "should_stop",
+]
 
 
 def _int_env(name: str, default: int) -> int:

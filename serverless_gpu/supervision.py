@@ -32,6 +32,7 @@ from .protocol import RankDone, RankSpec, Release, ToCaller, UserCodeStarted
 from .rank_process import RankProcess
 from .rundirs import RUNS_DIR_ENV
 from .runspec import RunSpec
+from .stop_plan import StackCapture, request_stacks, request_stop
 
 _RELEASE_GRACE_S = 5.0
 _DRAIN_ROUNDS = 64
@@ -85,6 +86,11 @@ class RunSupervisor:
         self.deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
         self.finished = False
         """``RunFinished`` has been sent."""
+        self.asked: tuple[RunStatus, str] | None = None
+        """The stop the ranks were asked for (graceful stop), while they have stop_grace."""
+        self.ask_deadline: float | None = None
+        self.capture: StackCapture | None = None
+        self.stop_grace = float(spec.config.stop_grace)
         self.run_failure: tuple[float, str] | None = None
         """A failure of the run itself (not of a rank): its time and message."""
         spec.paths.logs.mkdir(mode=0o700, exist_ok=True)
@@ -287,8 +293,37 @@ class RunSupervisor:
 
     # -- stopping ----------------------------------------------------------------------------------
 
-    def cancel(self, reason: str) -> None:
-        self._stop(RunStatus.CANCELLED, reason)
+    def cancel(self, reason: str, force: bool = False) -> None:
+        """The first cancel asks the ranks to stop (with ``stop_grace``); a second one, or
+        ``force``, stops them at once."""
+        if force or self.asked is not None:
+            self._stop(RunStatus.CANCELLED, reason)
+        else:
+            self.request_stop(RunStatus.CANCELLED, reason)
+
+    def take_stacks(self) -> None:
+        request_stacks(self.procs(), self._live())
+
+    def _live(self) -> list[int]:
+        """Ranks that run user code and have not exited: they have their stack handler (the
+        signal would kill one that does not yet)."""
+        return [
+            i
+            for i, r in enumerate(self.ranks)
+            if r.state is not RankState.STARTING and not r.exited
+        ]
+
+    def request_stop(self, status: RunStatus, message: str) -> None:
+        """Ask the ranks to return (``runtime.should_stop()``) before stopping them; without
+        ``stop_grace``, stop them now."""
+        if self.stopping or self.finished or self.asked is not None:
+            return
+        if self.stop_grace <= 0:
+            self._stop(status, message)
+            return
+        self.asked = (status, message)
+        self.ask_deadline = time.monotonic() + self.stop_grace
+        request_stop(self.procs(), [r for r in self._running() if r in self._live()])
 
     def _stop(self, status: RunStatus, message: str = "") -> None:
         if self.stopping or self.finished:
@@ -309,18 +344,30 @@ class RunSupervisor:
     def _tick(self, now: float, read_output: bool) -> None:
         if read_output:
             self._read_due_output(now)
-        if self.deadline is not None and now >= self.deadline and not self.stopping:
-            running = self._running()
-            limit = self.spec.timeout or 0.0
-            self._stop(
-                RunStatus.TIMED_OUT,
-                f"exceeded its timeout of {limit:g} s; ranks still running: "
-                + ", ".join(map(str, running)),
-            )
+        self._timers(now)
         if self.kill_deadline is not None and now >= self.kill_deadline:
             for r in self.ranks:
                 if not r.exited:
                     kill_group(r.proc.pid, signal.SIGKILL)
+
+    def _timers(self, now: float) -> None:
+        """The timeout (stacks first, then the stop) and the end of ``stop_grace``."""
+        busy = self.stopping or self.finished or self.asked is not None
+        if self.deadline is not None and now >= self.deadline and not busy and not self.capture:
+            self.deadline = None
+            self.capture = StackCapture(self.spec.paths, self.procs(), self._live())
+        if self.capture is not None and now >= self.capture.due:
+            self.capture.finish()
+            self.capture = None
+            limit = self.spec.timeout or 0.0
+            self.request_stop(
+                RunStatus.TIMED_OUT,
+                f"exceeded its timeout of {limit:g} s; ranks still running: "
+                + ", ".join(map(str, self._running())),
+            )
+        if self.asked is not None and self.ask_deadline is not None and now >= self.ask_deadline:
+            self.ask_deadline = None
+            self._stop(*self.asked)
 
     def _read_due_output(self, now: float) -> None:
         for rank, proc in enumerate(self.procs()):
@@ -343,6 +390,8 @@ class RunSupervisor:
             self.message = f"rank {root} {cause}"
         elif not self.stopping:
             self.status = RunStatus.SUCCEEDED
+            if self.asked is not None:
+                self.message = f"stopped early ({self.asked[1]}); every rank returned"
         self.finished = True
         self.emit(
             RunFinished(

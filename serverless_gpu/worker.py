@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import cloudpickle
 
-from . import runtime, seeding, sources
+from . import rank_doctor, runtime, seeding, sources, stacks
 from .describe import describe_value
 from .env import RANK_INIT_ENV
 from .errors import (
@@ -75,7 +75,9 @@ def _become_rank_process(stdout_fd: int, stderr_fd: int, keep_fd: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    # The doctor's signals stay blocked in every thread (threads inherit the mask): only the
+    # doctor thread takes them, with sigwait.
+    signal.pthread_sigmask(signal.SIG_SETMASK, stacks.DOCTOR_SIGNALS)
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
     # Drop every descriptor inherited from the launcher (other ranks' pipes, the caller's socket).
@@ -114,6 +116,7 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     sys.path[:] = list(run.sys_path)
     _apply_thread_limit()
     seeding.reseed()
+    rank_doctor.install(run.paths, spec.rank)
     send = _locked_sender(conn)
     runtime.connect(lambda kind, data: send(ToCaller(kind, data, time.time())))
     send(UserCodeStarted(time.time()))

@@ -30,10 +30,11 @@ from ..gpus import Placement
 from ..handle import RunHandle
 from ..hooks import RunContext
 from ..lifetime import kill_group, signal_name
-from ..protocol import CancelRun, Exiting, Prewarm, RankGroups, RunAccepted, Shutdown
+from ..protocol import CancelRun, Exiting, Prewarm, RankGroups, RunAccepted, Shutdown, TakeStacks
 from ..rundirs import RUNS_DIR_ENV, drop_launcher_log, launcher_log_path, release_run
 from ..runpaths import RunPaths
 from ..runspec import RunSpec
+from ..stop_plan import CAPTURE_S
 from ..system_metrics import DEFAULT_INTERVAL_S, SystemSampler
 
 _SHUTDOWN_WAIT_S = 3.0
@@ -261,7 +262,8 @@ class LocalBackend:
     def _start_watchdog(self, spec: RunSpec) -> None:
         if spec.timeout is None:
             return
-        after = spec.timeout + spec.grace + OVERDUE_MARGIN_S
+        stopping = CAPTURE_S + float(spec.config.stop_grace)
+        after = spec.timeout + stopping + spec.grace + OVERDUE_MARGIN_S
         watchdog = threading.Timer(after, self._overdue, (spec.run_id, after))
         watchdog.daemon = True
         watchdog.name = "serverless-gpu-watchdog"
@@ -329,7 +331,13 @@ class LocalBackend:
         except BaseException:
             release_run(spec.paths.run_dir)  # no call will end: pruning may take the directory
             raise
-        handle: RunHandle[Any] = RunHandle(context, lambda why: self._cancel(spec.run_id, why))
+
+        def cancel(reason: str, force: bool) -> None:
+            self._send_control(CancelRun(spec.run_id, reason, force))
+
+        handle: RunHandle[Any] = RunHandle(
+            context, cancel, lambda: self._send_control(TakeStacks(spec.run_id))
+        )
         self._handles[spec.run_id] = handle
         # Registered before the launcher hears of the run, so that its RunFinished stops it.
         self._start_sampler(spec, handle)
@@ -344,11 +352,11 @@ class LocalBackend:
             raise
         return handle
 
-    def _cancel(self, run_id: str, reason: str) -> None:
+    def _send_control(self, message: CancelRun | TakeStacks) -> None:
         launcher = self._launcher
         if launcher is not None:
             try:
-                launcher.send(CancelRun(run_id, reason))
+                launcher.send(message)
             except OSError:
                 pass  # the launcher is gone, and with it the ranks
 

@@ -1,0 +1,58 @@
+"""The collectives' flight recorder: which collective each rank entered last.
+
+torch records every collective of a process group in a ring buffer when ``TORCH_FR_BUFFER_SIZE``
+(formerly ``TORCH_NCCL_TRACE_BUFFER_SIZE``) is set; ranks get it from ``env.rank_env``. A rank
+dumps it (``rank_doctor``) when the stacks are taken, into ``RunPaths.flight_recorder``.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+from .runpaths import RunPaths
+
+
+def dump(path: Path) -> bool:
+    """In a rank: write the flight recorder's pickle to ``path`` (atomically); False when
+    there is nothing to dump (no process group, a torch without it)."""
+    torch = sys.modules.get("torch")
+    if torch is None or "torch.distributed" not in sys.modules:
+        return False
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    c10d = torch._C._distributed_c10d
+    # NCCL's recorder first (CUDA builds); _dump_fr_trace holds the other backends' records.
+    dumper = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
+    if dumper is None:
+        return False
+    # No stack traces: symbolizing them can take seconds, and the ranks are stopped soon.
+    data = dumper(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return True
+
+
+def last_collective(paths: RunPaths, rank: int) -> str:
+    """``gloo:all_reduce #5 (scheduled)`` for the rank's newest recorded collective; empty when
+    no dump exists or it cannot be read."""
+    try:
+        with open(paths.flight_recorder(rank), "rb") as f:
+            data: Any = pickle.load(f)  # written by this user's own rank process
+    except Exception:  # a missing or torn dump costs this line only
+        return ""
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not entries:
+        return ""
+    entry = max(entries, key=lambda e: e.get("record_id", 0))
+    name = entry.get("profiling_name") or "collective"
+    seq = entry.get("p2p_seq_id") if entry.get("is_p2p") else entry.get("collective_seq_id")
+    state = entry.get("state", "")
+    group = entry.get("process_group") or ("", "")
+    where = f" in group {group[1]}" if group[1] and group[1] != "default_pg" else ""
+    return f"{name} #{seq} ({state}){where}"
