@@ -1,0 +1,64 @@
+"""Graceful stop: Cancel asks the ranks to stop, they checkpoint and return; the next call
+resumes from the checkpoint. Ranks that do not check are killed after ``stop_grace``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from recovery_fns import train
+from test_stacks import wait_for_lines
+
+from serverless_gpu import CancelledError, distributed
+from serverless_gpu.data import checkpoint_path, is_complete
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_cancel_with_stop_grace_checkpoints_and_the_next_call_resumes(tmp_path: Path) -> None:
+    root = str(tmp_path / "ckpt")
+    fn = distributed(gpus=2, stop_grace=20, tracking=False)(train)
+    handle = fn.start(root, 100_000, 0.05)
+    wait_for_lines(handle, "step 3", 2)
+    handle.cancel()
+    first = handle.result(timeout=60)  # the ranks returned: the call returns normally
+    stopped = first[0]["stopped_at"]
+    assert stopped is not None and stopped >= 3
+    assert [r["stopped_at"] for r in first] == [stopped, stopped]  # one step for both ranks
+    assert is_complete(checkpoint_path(root, stopped))
+    assert handle.finished is not None and "stopped early" in handle.finished.message
+    for rank in (0, 1):  # the callback ran in the rank's main thread, at a safe point
+        log = (handle.run_dir / "logs" / f"rank_{rank}.txt").read_text()
+        assert "on_stop in MainThread" in log
+
+    second = fn.distributed(root, stopped + 3, 0.0)
+    assert second[0]["start"] == stopped
+    curve = first[0]["losses"] + second[0]["losses"]
+    assert [step for step, _ in curve] == list(range(stopped + 3))  # no step lost or repeated
+    assert curve == [(s, 1.0 / (2.0 + s)) for s in range(stopped + 3)]
+
+
+def test_ranks_that_do_not_check_are_killed_after_the_grace(tmp_path: Path) -> None:
+    fn = distributed(gpus=2, stop_grace=3, tracking=False)(train)
+    handle = fn.start(str(tmp_path / "ckpt"), 100_000, 0.05, False)
+    wait_for_lines(handle, "step 2", 2)
+    asked = time.monotonic()
+    handle.cancel()
+    with pytest.raises(CancelledError):
+        handle.result(timeout=60)
+    assert time.monotonic() - asked >= 3  # they had their grace
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_second_cancel_kills_at_once(tmp_path: Path) -> None:
+    fn = distributed(gpus=2, stop_grace=120, tracking=False)(train)
+    handle = fn.start(str(tmp_path / "ckpt"), 100_000, 0.05, False)
+    wait_for_lines(handle, "step 2", 2)
+    handle.cancel()
+    handle.wait(0.5)
+    asked = time.monotonic()
+    handle.cancel()
+    with pytest.raises(CancelledError):
+        handle.result(timeout=60)
+    assert time.monotonic() - asked < 60  # not the 120 s of stop_grace

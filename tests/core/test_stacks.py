@@ -1,0 +1,136 @@
+"""Stacks on demand and on a timeout: where every rank is, while it runs and when it hangs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from serverless_gpu import DistributedTimeoutError, distributed
+from serverless_gpu.events import OutputLines
+from serverless_gpu.stack_text import main_thread_frames
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def stuck_here(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def rank1_sleeps_rank0_all_reduces(seconds: float) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from serverless_gpu.runtime import get_global_rank, init_process_group
+
+    init_process_group()
+    print("ready", flush=True)
+    if get_global_rank() == 1:
+        stuck_here(seconds)
+    dist.all_reduce(torch.ones(1))
+    return get_global_rank()
+
+
+def wait_for_lines(handle: Any, text: str, ranks: int, seconds: float = 60) -> None:
+    """Until every rank printed a line holding ``text``."""
+    seen: set[int] = set()
+
+    def collect(event: object) -> None:
+        if isinstance(event, OutputLines) and any(text in line for line in event.lines):
+            seen.add(event.rank)
+
+    handle.subscribe(collect)
+    deadline = time.monotonic() + seconds
+    while len(seen) < ranks:
+        assert time.monotonic() < deadline, f"only ranks {seen} printed {text!r}"
+        assert not handle.wait(0.1), "the run ended early"
+
+
+def test_stacks_name_where_each_rank_is_without_stopping_the_run() -> None:
+    fn = distributed(gpus=2, timeout=120, tracking=False)(rank1_sleeps_rank0_all_reduces)
+    handle = fn.start(8)
+    wait_for_lines(handle, "ready", 2)
+    time.sleep(0.5)  # rank 0 in all_reduce, rank 1 asleep
+    found = handle.stacks()
+    assert set(found) == {0, 1}, found
+    assert main_thread_frames(found[1])[0].func == "stuck_here", found[1]
+    assert main_thread_frames(found[0])[0].func == "all_reduce", found[0]
+    assert found[1].startswith("Main thread 0x")
+    assert "worker.py" not in found[1] and "rank_doctor" not in found[1]  # the library's frames
+    assert (handle.run_dir / "stacks" / "rank_1.txt").read_text() == found[1]
+    assert list(handle.result(timeout=60)) == [0, 1]  # the run went on and ended normally
+
+
+def test_timeout_error_carries_each_ranks_stack() -> None:
+    fn = distributed(gpus=2, timeout=3, tracking=False)(rank1_sleeps_rank0_all_reduces)
+    with pytest.raises(DistributedTimeoutError) as info:
+        fn.distributed(60)
+    err = info.value
+    assert set(err.stacks) == {0, 1}
+    assert "in stuck_here" in err.stacks[1] and "in all_reduce" in err.stacks[0]
+    text = str(err)
+    assert "rank 1: sleep" not in text  # time.sleep is C: the innermost frame is the user's
+    assert "rank 1: stuck_here (test_stacks.py:" in text, text
+    assert "rank 0: all_reduce (torch/distributed/distributed_c10d.py:" in text, text
+    assert "called from rank1_sleeps_rank0_all_reduces (test_stacks.py:" in text, text
+    assert "last collective" not in text  # NCCL's flight recorder: GPUs only
+    assert err.run_dir is not None
+    for rank in (0, 1):
+        saved = err.run_dir / "stacks" / f"rank_{rank}.txt"
+        assert saved.read_text() == err.stacks[rank]
+
+
+def rank1_goes_silent() -> None:
+    from serverless_gpu.runtime import get_global_rank, heartbeat
+
+    for _ in range(60):
+        if get_global_rank() == 0:
+            heartbeat()  # a sign of life without output
+        time.sleep(0.1)
+
+
+def test_a_silent_rank_is_named_and_nothing_is_stopped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fn = distributed(gpus=2, hang_warning=2.5, tracking=False)(rank1_goes_silent)
+    assert list(fn.distributed()) == [None, None]  # warned, not stopped
+    out = capsys.readouterr().out
+    assert (
+        "serverless_gpu: warning: rank 1 silent for 2.5 s (no output, metric or heartbeat)" in out
+    )
+    assert "rank 0 silent" not in out and "ranks 0" not in out
+
+
+def test_flight_recorder_is_on_in_gpu_ranks_only() -> None:
+    from serverless_gpu.env import rank_env
+
+    def env(device: str, base: dict[str, str]) -> dict[str, str]:
+        return rank_env(
+            base, rank=0, world_size=2, master_port=1, device=device, run_id="r", run_dir="/d"
+        )
+
+    assert env("cuda", {})["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert "TORCH_FR_BUFFER_SIZE" not in env("cpu", {})
+    assert "TORCH_FR_BUFFER_SIZE" not in env("cuda", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "10"})
+    assert env("cuda", {"TORCH_FR_BUFFER_SIZE": "0"})["TORCH_FR_BUFFER_SIZE"] == "0"
+
+
+def test_hang_watch_warns_once_per_silence_and_withdraws() -> None:
+    from serverless_gpu.events import RankStarted
+    from serverless_gpu.hangs import HangWatch
+
+    watch = HangWatch("r", 10.0)
+    for rank in (0, 1):
+        watch.seen(RankStarted("r", rank, 1, 0.0))
+    start = time.monotonic()
+    assert watch.check(start + 5) is None
+    watch.last[0] = start + 9  # rank 0 spoke
+    first = watch.check(start + 11)
+    assert first is not None and first.ranks == (1,) and not first.everyone
+    assert watch.check(start + 12) is None  # said once
+    both = watch.check(start + 30)
+    assert both is not None and both.ranks == (0, 1) and both.everyone
+    watch.last = {0: start + 31, 1: start + 31}
+    back = watch.check(start + 32)
+    assert back is not None and back.ranks == ()
