@@ -22,6 +22,9 @@ OWNER_PID_TAG = PREFIX + "owner_pid"
 OWNER_STARTED_TAG = PREFIX + "owner_started"
 """The calling process (pid and start time, which tell it from a later process with the same
 pid): a RUNNING run whose owner is gone is ended as KILLED by the next tracked call."""
+ATTEMPT_TAG = PREFIX + "attempt"
+"""A retried call's attempt number (0 first) on each attempt's run."""
+MAX_RETRIES_TAG = PREFIX + "max_retries"
 CALLER_EXITED = "the calling process exited during the run"
 
 

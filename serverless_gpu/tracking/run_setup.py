@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import partial
 
 from mlflow import MlflowClient
 from mlflow.entities import Run
@@ -44,14 +45,23 @@ def open_run(ctx: RunContext, client: MlflowClient, uri: str, parent: Run | None
     resume_id = os.environ.get("MLFLOW_RUN_ID")
     if resume_id:
         return _resume(client, uri, resume_id)
+    name = run_name(ctx)
     # The owner from the start: a caller killed right after this call leaves a run to reap.
-    tags = {MLFLOW_RUN_NAME: run_name(ctx), **records.owner_tags()}
+    tags = {**records.owner_tags()}
+    call = ctx.call
+    if call is not None and call.max_retries > 0:
+        # Each attempt is a child of one run for the whole call: MLflow's runs table shows
+        # the call as one row that unfolds into its attempts.
+        parent = _call_run(ctx, client, parent)
+        name = f"{name} attempt {call.attempt}"
+        tags[records.ATTEMPT_TAG] = str(call.attempt)
+    tags[MLFLOW_RUN_NAME] = name
     if parent is not None:
         experiment_id = parent.info.experiment_id
         tags[MLFLOW_PARENT_RUN_ID] = parent.info.run_id
     else:
         experiment_id = _current_experiment_id()
-    run = client.create_run(experiment_id, tags=resolve_tags(tags), run_name=run_name(ctx))
+    run = client.create_run(experiment_id, tags=resolve_tags(tags), run_name=name)
     return MlflowRun(
         uri=uri,
         mlflow_run_id=run.info.run_id,
@@ -59,6 +69,38 @@ def open_run(ctx: RunContext, client: MlflowClient, uri: str, parent: Run | None
         experiment_name=_experiment_name(client, experiment_id),
         artifact_uri=run.info.artifact_uri,
     )
+
+
+_CALL_RUN = "mlflow_call_run"
+_CALL_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
+
+
+def _call_run(ctx: RunContext, client: MlflowClient, parent: Run | None) -> Run:
+    """The run grouping a retried call's attempts, made with its first attempt and ended
+    with the call."""
+    assert ctx.call is not None
+    found: Run | None = ctx.call.state.get(_CALL_RUN)
+    if found is not None:
+        return found
+    tags = {
+        MLFLOW_RUN_NAME: run_name(ctx),
+        records.MAX_RETRIES_TAG: str(ctx.call.max_retries),
+        **records.owner_tags(),
+    }
+    if parent is not None:
+        experiment_id = parent.info.experiment_id
+        tags[MLFLOW_PARENT_RUN_ID] = parent.info.run_id
+    else:
+        experiment_id = _current_experiment_id()
+    run = client.create_run(experiment_id, tags=resolve_tags(tags), run_name=run_name(ctx))
+    ctx.call.state[_CALL_RUN] = run
+    ctx.call.on_end(partial(_end_call_run, client, run.info.run_id))
+    return run
+
+
+def _end_call_run(client: MlflowClient, run_id: str, status: str) -> None:
+    client.set_tag(run_id, records.STATUS_TAG, status)
+    client.set_terminated(run_id, _CALL_STATUS.get(status, "FAILED"))
 
 
 def _resume(client: MlflowClient, uri: str, run_id: str) -> MlflowRun:

@@ -21,7 +21,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
-from ..runpaths import LOG_GLOB
+from ..runpaths import LOG_GLOB, RunPaths
 from . import private
 from .spill import Spill
 
@@ -173,6 +173,7 @@ class Writer:
                 self._upload_logs()
             elif op.kind == "finish":
                 self._upload_logs()
+                self._upload_stacks()
                 self._log([], list(op.data["tags"].items()), [])
                 self.client.set_terminated(self.run_id, op.data["status"])
         except Exception as exc:  # any store error (MLflow, HTTP, SQL, disk) ends tracking only
@@ -247,6 +248,14 @@ class Writer:
             self.client.log_artifact(self.run_id, str(path), "logs")
             if self.private_artifacts is not None:
                 private.make_private(self.private_artifacts / "logs" / path.name)
+
+    def _upload_stacks(self) -> None:
+        """Stacks taken during the run (a timeout takes them before stopping the ranks)."""
+        folder = RunPaths(self.logs_dir.parent).stacks_dir
+        for path in sorted(folder.glob(LOG_GLOB)):
+            self.client.log_artifact(self.run_id, str(path), folder.name)
+            if self.private_artifacts is not None:
+                private.make_private(self.private_artifacts / folder.name / path.name)
 
     # -- failure --------------------------------------------------------------------------------
 
