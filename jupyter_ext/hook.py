@@ -41,6 +41,8 @@ class Renderer(Protocol):
 
 _recent: OrderedDict[str, tuple[Path, Renderer, int]] = OrderedDict()
 """Recent runs: run id -> (run directory, renderer, the execution count of their cell)."""
+_last_run: list[RunContext] = []
+"""The latest run started here (``%distributed_stacks`` asks it for its stacks)."""
 
 
 def render_run(ctx: RunContext) -> Renderer | None:
@@ -59,6 +61,7 @@ def render_run(ctx: RunContext) -> Renderer | None:
         except Exception as exc:  # a display problem must not stop the run: show it as text
             print(f"serverless_gpu: no run widget ({type(exc).__name__}: {exc})")
     ctx.display_claimed = True
+    _last_run[:] = [ctx]
     _recent[ctx.run_id] = (ctx.run_dir, renderer, _cell_count(shell))
     while len(_recent) > _KEEP_RECENT:
         _recent.popitem(last=False)
@@ -97,6 +100,10 @@ def interrupted_run(shell: Any) -> str | None:
 
 def _cell_count(shell: Any) -> int:
     return int(getattr(shell, "execution_count", 0) or 0)
+
+
+def last_run() -> RunContext | None:
+    return _last_run[0] if _last_run else None
 
 
 def renderer_for(run_id: str | None = None, run_dir: Path | None = None) -> Renderer | None:

@@ -42,6 +42,7 @@ class _Loaded:
         cell_magics = self.shell.magics_manager.magics.get("cell", {})
         for name in _MAGIC_NAMES:
             cell_magics.pop(name, None)
+        self.shell.magics_manager.magics.get("line", {}).pop("distributed_stacks", None)
 
 
 _loaded: _Loaded | None = None

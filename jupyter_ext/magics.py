@@ -17,16 +17,23 @@ import traceback
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
 
-from serverless_gpu import ConfigurationError, DistributedConfig, DistributedFunction, RunResult
+from serverless_gpu import (
+    ConfigurationError,
+    DistributedConfig,
+    DistributedFunction,
+    RunResult,
+    stacks,
+)
 from serverless_gpu.describe import describe_value
 from serverless_gpu.errors import DistributedError
+from serverless_gpu.stack_text import where
 
 from . import magic_args
 from .cellfunc import EmptyCellError, build_cell_function
-from .hook import abandon_unstarted, renderer_for
+from .hook import abandon_unstarted, last_run, renderer_for
 from .tracebacks import Labeler, attach, clean_traceback, ipython_labeler
 
 
@@ -94,6 +101,17 @@ class DistributedMagics(Magics):
             return result
         return None
 
+    @line_magic
+    def distributed_stacks(self, line: str) -> None:
+        """Print every rank's Python stacks for the latest run: taken now while it runs, or
+        the ones saved last (a timeout saves them) once it has ended."""
+        ctx = last_run()
+        if ctx is None:
+            print("serverless_gpu: no run has been started in this session")
+            return
+        found = ctx.stacks() or stacks.load_saved(ctx.paths, ctx.placement.world_size)
+        print(stacks_text(ctx.name, found))
+
     def _config(self, args: Any) -> DistributedConfig:
         try:
             return DistributedConfig(
@@ -107,6 +125,15 @@ class DistributedMagics(Magics):
             )
         except ConfigurationError as exc:
             raise UsageError(f"{exc}\n\n{magic_args.usage(self.distributed)}") from None
+
+
+def stacks_text(name: str, found: dict[int, str]) -> str:
+    if not found:
+        return f"serverless_gpu: no stacks for {name} (no rank answered, and none were saved)"
+    parts = []
+    for rank, text in sorted(found.items()):
+        parts.append(f"--- rank {rank}: {where(text)} ---\n{text.rstrip()}")
+    return "\n\n".join(parts)
 
 
 def _show_without_local_frames(exc: BaseException, label: Labeler) -> None:

@@ -12,7 +12,15 @@ import time
 from typing import TextIO
 
 from serverless_gpu.console import ConsolePrinter
-from serverless_gpu.events import OutputLines, RankFinished, RankState, RunFinished, RunStarted
+from serverless_gpu.events import (
+    OutputLines,
+    RankFinished,
+    RanksSilent,
+    RankState,
+    RunFinished,
+    RunStarted,
+)
+from serverless_gpu.hangs import warning_text
 from serverless_gpu.hooks import RunContext
 
 from .formatting import hardware_label, links_text, summary_text
@@ -40,6 +48,8 @@ class TextRenderer:
         self._progress_at: dict[tuple[int, str], float] = {}
 
     def __call__(self, event: object) -> None:
+        if isinstance(event, RanksSilent) and event.ranks:
+            self._write(f"serverless_gpu: warning: {warning_text(event)} (%distributed_stacks).\n")
         if not self.view.apply(event):
             return
         if isinstance(event, RunStarted):

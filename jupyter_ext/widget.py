@@ -22,10 +22,10 @@ from urllib.parse import urlsplit
 import ipywidgets as widgets
 from IPython.display import DisplayHandle, display
 
-from serverless_gpu.events import OutputLines, RankMessage, RunFinished
+from serverless_gpu.events import OutputLines, RankMessage, RanksSilent, RunFinished
 from serverless_gpu.hooks import RunContext
 
-from . import html_view
+from . import html_view, stacks_view
 from .formatting import snapshot_text
 from .log_pane import LogPane
 from .runstate import RunView
@@ -65,6 +65,10 @@ class WidgetRenderer:
         self.view = RunView(ctx)
         self.min_interval = min_interval
         self._cancel = ctx.cancel
+        self._take_stacks = ctx.stacks
+        self._stop_grace = float(ctx.config.stop_grace)
+        self._cancel_clicks = 0
+        self._stacks_pending = False
         self._cancel_pending = False
         self._in_tick = False
         ctx.idle_callbacks.append(self.tick)
@@ -92,6 +96,14 @@ class WidgetRenderer:
             tooltip="Stop every rank of this run",
         )
         self.cancel_button.on_click(self._on_cancel)
+        self.stacks_button = widgets.Button(
+            description="Stacks",
+            icon="search",
+            tooltip="Show where every rank is now (its Python stacks) without stopping the run",
+        )
+        self.stacks_button.on_click(self._on_stacks)
+        self.warning = widgets.HTML("")
+        """The silent-ranks warning (hang detection); empty while every rank shows life."""
         self.mlflow_button = widgets.Button(
             description="Open in MLflow",
             icon="external-link",
@@ -108,20 +120,36 @@ class WidgetRenderer:
             LogPane(str(r.rank), html_view.rank_lines_html(view, r), view.log_path(r.rank))
             for r in view.ranks
         ]
+        self.stack_boxes = [widgets.HTML("") for _ in view.ranks]
+        """Each rank's stacks, above its output, once the Stacks button took them."""
         everything = widgets.VBox([self.rank_status, self.merged], _dom_classes=["sgpu-all"])
         self.tabs = widgets.Tab(
-            children=[everything, *self.outputs],
+            children=[
+                everything,
+                *(widgets.VBox(pair) for pair in zip(self.stack_boxes, self.outputs, strict=True)),
+            ],
             titles=(ALL_RANKS, *(html_view.tab_title(r) for r in view.ranks)),
         )
         top = widgets.HBox(
-            [self.header, self.mlflow_open, self.mlflow_button, self.cancel_button],
+            [
+                self.header,
+                self.mlflow_open,
+                self.mlflow_button,
+                self.stacks_button,
+                self.cancel_button,
+            ],
             layout=widgets.Layout(justify_content="space-between", align_items="flex-start"),
         )
-        self.widget = RunWidget(self.text, children=[top, self.tabs], _dom_classes=["sgpu-run"])
+        self.widget = RunWidget(
+            self.text, children=[top, self.warning, self.tabs], _dom_classes=["sgpu-run"]
+        )
 
     # -- events and ticks (the waiting thread) --------------------------------------------
 
     def __call__(self, event: object) -> None:
+        if isinstance(event, RanksSilent):
+            self.warning.value = stacks_view.silent_html(event)
+            return
         if not self.view.apply(event):
             return
         if isinstance(event, RunFinished):
@@ -146,6 +174,9 @@ class WidgetRenderer:
         if self._cancel_pending:
             self._cancel_pending = False
             self._cancel(CANCEL_REASON)
+        if self._stacks_pending:
+            self._stacks_pending = False
+            self._show_stacks()
         self._refresh(force=False)
 
     def _refresh(self, *, force: bool) -> None:
@@ -184,8 +215,10 @@ class WidgetRenderer:
         self._pump.close()
         self._note = ""
         self._draw()
-        self.cancel_button.disabled = True
-        self.cancel_button.layout.display = "none"
+        self.warning.value = ""
+        for button in (self.cancel_button, self.stacks_button):
+            button.disabled = True
+            button.layout.display = "none"
         self._publish_record()
         if self._display is not None:
             _close(self.widget)  # replaced by the record: its models are shown nowhere now
@@ -209,9 +242,18 @@ class WidgetRenderer:
     def _on_cancel(self, _button: widgets.Button) -> None:
         if self.view.done:
             return
+        self._cancel_clicks += 1
         self._note = "cancelling"
-        self.cancel_button.disabled = True
-        self.cancel_button.description = "Cancelling..."
+        if self._stop_grace > 0 and self._cancel_clicks == 1:
+            # The ranks are asked to stop and have stop_grace to return; a second click kills.
+            self.cancel_button.description = "Kill now"
+            self.cancel_button.tooltip = (
+                f"The ranks were asked to stop (runtime.should_stop()) and have "
+                f"{self._stop_grace:g} s to return; click to stop them at once"
+            )
+        else:
+            self.cancel_button.disabled = True
+            self.cancel_button.description = "Cancelling..."
         self._draw_header()
         if self._in_tick:
             # A click handled inside the wait loop: cancel once the pump has returned, from the
@@ -219,6 +261,27 @@ class WidgetRenderer:
             self._cancel_pending = True
         else:
             self._cancel(CANCEL_REASON)
+
+    def _on_stacks(self, _button: widgets.Button) -> None:
+        if self.view.done:
+            return
+        self.stacks_button.disabled = True
+        self.stacks_button.description = "Taking stacks..."
+        if self._in_tick:
+            self._stacks_pending = True  # taken once the pump has returned (as Cancel is)
+        else:
+            self._show_stacks()
+
+    def _show_stacks(self) -> None:
+        """Take every rank's stacks (about a second) and show them in each rank's tab."""
+        try:
+            found = self._take_stacks()
+        finally:
+            self.stacks_button.disabled = False
+            self.stacks_button.description = "Stacks"
+        taken = time.time()
+        for rank, box in enumerate(self.stack_boxes):
+            box.value = stacks_view.stacks_html(rank, found.get(rank), taken)
 
     def _on_open_mlflow(self, _button: widgets.Button) -> None:
         """Start the MLflow UI on its own thread (it takes seconds): the kernel stays free."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Refresh the screenshots in docs/ (run widget, record, error, after a restart) by running the
+# Refresh the screenshots in docs/ (run widget, record, error, stacks, after a restart) by running the
 # browser test with its screenshots written there. The test suite itself writes them only to
 # temporary folders. Needs the venv (scripts/test.sh makes it) and /usr/bin/chromium.
 set -euo pipefail

@@ -71,6 +71,25 @@ CELLS = [
     "    time.sleep(30)\n"
     "\n"
     "flaky_step.distributed(7)",
+    # 4: rank 1 stuck in a function of its own, rank 0 busy: the hang warning, then Stacks
+    "import time\n"
+    "from serverless_gpu import distributed\n"
+    "\n"
+    "@distributed(gpus=2, gpu_type='cpu', standby=False, hang_warning=3)\n"
+    "def shard_loader():\n"
+    "    from serverless_gpu.runtime import get_global_rank\n"
+    "\n"
+    "    def stuck_here():\n"
+    "        time.sleep(600)\n"
+    "\n"
+    "    if get_global_rank() == 1:\n"
+    "        print('rank 1: opening shard 7', flush=True)\n"
+    "        stuck_here()\n"
+    "    for step in range(100_000):\n"
+    "        print(f'rank 0 step {step}', flush=True)\n"
+    "        time.sleep(0.2)\n"
+    "\n"
+    "shard_loader.distributed()",
 ]
 
 
@@ -105,6 +124,7 @@ def test_run_widget_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             _short_run(page, shots)
             _long_run(page, shots, kernel)
             _failing_function(page, shots)
+            _stacks_and_hang_warning(page, shots)
             _restart_and_reload(page, shots)
         finally:
             browser.close()
@@ -242,6 +262,30 @@ def _failing_function(page: Any, shots: Path) -> None:
     )
 
 
+def _stacks_and_hang_warning(page: Any, shots: Path) -> None:
+    """A silent rank is named under the header; Stacks shows where each rank is, in its tab
+    (#18 items 1, 3)."""
+    from playwright.sync_api import expect
+
+    _run_cell(page, 4)
+    run = _cell(page, 4).locator(".sgpu-run")
+    warning = run.locator(".sgpu-hang")
+    expect(warning).to_contain_text("rank 1 silent for 3 s", timeout=60 * MS)
+    expect(warning).not_to_contain_text("rank 0")
+    run.get_by_role("button", name="Stacks").click()
+    run.locator(".lm-TabBar-tab", has_text="rank 1").click()
+    stacks = run.locator('.sgpu-stacks[data-rank="1"]')
+    expect(stacks.locator("summary")).to_contain_text("stuck_here", timeout=20 * MS)
+    expect(stacks.locator("pre")).to_contain_text("Main thread 0x")
+    run.screenshot(path=str(shots / "widget-stacks.png"))
+    run.locator(".lm-TabBar-tab", has_text="rank 0").click()
+    expect(run.locator('.sgpu-stacks[data-rank="0"] summary')).to_contain_text("shard_loader")
+    run.get_by_role("button", name="Cancel").click()
+    record = _cell(page, 4).locator(".sgpu-record")
+    expect(record).to_contain_text("was cancelled", timeout=30 * MS)
+    _wait_idle(page, 20)
+
+
 def _restart_and_reload(page: Any, shots: Path) -> None:
     """Saved, kernel restarted, page reloaded: every run still reads as it ended (#22 item 2)."""
     from playwright.sync_api import expect
@@ -256,10 +300,11 @@ def _restart_and_reload(page: Any, shots: Path) -> None:
     page.reload()
     _wait_idle(page, 60)
     records = page.locator(".sgpu-record")
-    expect(records).to_have_count(3, timeout=30 * MS)
+    expect(records).to_have_count(4, timeout=30 * MS)
     expect(records.nth(0)).to_contain_text("run succeeded")
     expect(records.nth(1)).to_contain_text("was cancelled")
     expect(records.nth(2)).to_contain_text("run failed")
+    expect(records.nth(3)).to_contain_text("was cancelled")
     expect(page.get_by_text("Error displaying widget")).to_have_count(0)
     _cell(page, 2).evaluate("e => e.scrollIntoView({block: 'start'})")
     page.locator(".jp-Notebook").screenshot(path=str(shots / "widget-after-restart.png"))
