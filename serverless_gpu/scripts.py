@@ -94,16 +94,11 @@ def script_function(
 
 
 def newer_options(*, max_retries: int = 0, remote: bool = False) -> dict[str, Any]:
-    """``max_retries`` and ``remote`` for ``@distributed``, only when asked for, and refused
-    clearly where this installation's decorator lacks them (never silently ignored)."""
+    """``max_retries`` and ``remote`` for ``@distributed``, only when asked for; ``remote`` is
+    refused clearly where this installation's decorator lacks it (never silently ignored)."""
     fields = DistributedConfig.__dataclass_fields__
     options: dict[str, Any] = {}
     if max_retries:
-        if "max_retries" not in fields:
-            raise ConfigurationError(
-                f"max_retries={max_retries} needs @distributed(max_retries=), which this "
-                "version of serverless_gpu does not have; run without retries (max_retries=0)"
-            )
         options["max_retries"] = max_retries
     if remote:
         if "remote" not in fields:

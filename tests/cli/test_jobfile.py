@@ -13,6 +13,7 @@ from mlflow import MlflowClient
 from serverless_gpu.cli.app import main
 from serverless_gpu.cli.jobfile import load_job
 from serverless_gpu.errors import ConfigurationError
+from serverless_gpu.scripts import newer_options
 
 GOOD = """
     command: python greet.py --who "nightly run"
@@ -95,16 +96,13 @@ def test_what_runs_is_one_python_script_or_module(write: Callable[[str, str], Pa
             load_job(write("job.yaml", text)).target()
 
 
-def test_max_retries_and_remote_are_refused_until_the_decorator_has_them(
+def test_max_retries_reaches_the_decorator_and_remote_is_refused_until_it_has_it(
     write: Callable[[str, str], Path],
 ) -> None:
+    assert newer_options(max_retries=2) == {"max_retries": 2}
+    assert newer_options() == {}
     write("t.py", "")
-    write("job.yaml", "script: t.py\ngpu_type: cpu\nmax_retries: 2\n")
     runner = CliRunner()
-    done = runner.invoke(main, ["run", "-f", "job.yaml"])
-    assert done.exit_code == 2 and "max_retries=2 needs @distributed(max_retries=)" in done.output
-    done = runner.invoke(main, ["run", "--gpu-type", "cpu", "--max-retries", "1", "t.py"])
-    assert done.exit_code == 2 and "max_retries=1 needs" in done.output
     done = runner.invoke(main, ["run", "--gpu-type", "cpu", "--remote", "t.py"])
     assert done.exit_code == 2 and "remote=True needs the remote backend" in done.output
 
