@@ -1,4 +1,4 @@
-"""notebooks/distributed_demo.ipynb executed by nbclient in a real kernel."""
+"""notebooks/07_magic_and_widget.ipynb executed by nbclient in a real kernel."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _children(pid: int) -> set[int]:
 
 
 def test_demo_notebook(tmp_path: Path, cpu_mode: Path) -> None:
-    nb = nbformat.read(NOTEBOOKS / "distributed_demo.ipynb", as_version=4)
+    nb = nbformat.read(NOTEBOOKS / "07_magic_and_widget.ipynb", as_version=4)
     cells = _by_tag(nb)
     client = NotebookClient(
         nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
