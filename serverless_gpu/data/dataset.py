@@ -59,7 +59,9 @@ class VolumeDataset(IterableDataset[T]):
         recursive: list sub-directories too.
         glob: ``fnmatch`` pattern on the relative path.
         transform: turns a local path into the yielded item.
-        shuffle, seed: per-epoch permutation seeded by ``(seed, epoch)``; see :meth:`set_epoch`.
+        shuffle: a per-epoch permutation of the files, seeded by ``(seed, epoch)``; see
+            :meth:`set_epoch`.
+        seed: the permutation's seed.
         balance: how uneven file counts are split between ranks.
         prefetch: files downloaded ahead by background threads, per DataLoader worker.
         min_free_bytes: free-disk floor kept on the cache's file system by LRU eviction
@@ -67,7 +69,8 @@ class VolumeDataset(IterableDataset[T]):
         pin_window: without ``transform``, the last ``pin_window`` yielded paths of a worker
             are protected from eviction (later ones may be evicted under disk pressure).
         storage_options: passed to fsspec (e.g. ``{"endpoint_url": ...}`` for S3).
-        rank, world_size: override the topology read from ``torch.distributed`` / env vars.
+        rank: overrides the rank read from ``torch.distributed`` / env vars.
+        world_size: overrides the world size read from ``torch.distributed`` / env vars.
     """
 
     def __init__(
