@@ -11,6 +11,12 @@ editable_install() { PYTHONWARNINGS="ignore:Editable installation" .venv/bin/pyt
 .venv/bin/python -m pip install -q --upgrade pip
 # .ci/constraints-ci.txt pins the torch version the tests run with (which build pip picks: README).
 editable_install -c .ci/constraints-ci.txt -e '.[dev]'
+# DeepSpeed builds against the installed torch (its setup imports it), hence no build isolation;
+# its CPU communication op is compiled on first use and kept under .venv/torch_extensions.
+if ! .venv/bin/python -m pip show -q deepspeed >/dev/null 2>&1; then
+  .venv/bin/python -m pip install -q setuptools wheel
+  .venv/bin/python -m pip install -q --no-build-isolation -c .ci/constraints-ci.txt deepspeed==0.19.8
+fi
 
 if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
@@ -20,9 +26,16 @@ fi
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 # The other test folders each have a conftest.py (one module name), so each is checked alone.
-for dir in tests/conftest.py tests/cli tests/data tests/jupyter tests/tracking tests/trainers tests/benchmarks; do
+for dir in tests/conftest.py tests/cli tests/data tests/jupyter tests/tracking tests/trainers \
+  tests/benchmarks tests/notebooks; do
   .venv/bin/mypy "$dir"
 done
+# Notebooks are stored without outputs or execution counts (tests/notebooks executes them).
+.venv/bin/nbstripout --verify notebooks/*.ipynb
+# The documentation site, strict: a broken link or a missing API reference fails the build.
+site=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+rm -rf "$site"
 
 # Tests write only to temporary folders: the suite must leave every tracked file as it found it
 # (a screenshot is refreshed by its own command, never by the tests).
