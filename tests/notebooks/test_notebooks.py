@@ -24,7 +24,6 @@ LIMITS = {
     "05_lightning_fabric": 120,
     "06_data_and_resume": 150,
     "07_magic_and_widget": 120,
-    "09_migration": 120,
 }
 
 
