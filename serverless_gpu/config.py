@@ -66,6 +66,15 @@ class DistributedConfig:
     """Exception types that are retried too (``(ValueError,)``, ``(DistributedTimeoutError,)``).
     Kept as their qualified names (``"builtins.ValueError"``): the config travels to processes
     that cannot import a class defined in a notebook."""
+    remote: bool = False
+    """Run the ranks on the Ray cluster this process is connected to (``backend="ray"``)."""
+    backend: str | None = None
+    """``"local"`` (this machine, the default) or ``"ray"`` (same as ``remote=True``)."""
+
+    @property
+    def on_ray(self) -> bool:
+        """The ranks run on a Ray cluster (``remote=True`` or ``backend="ray"``)."""
+        return self.remote or self.backend == "ray"
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)
@@ -113,7 +122,11 @@ def _check_options(config: DistributedConfig) -> None:
         raise ConfigurationError(
             f"max_payload_bytes must be a positive whole number of bytes or None, not {limit!r}"
         )
-    for name in ("standby", "tracking"):
+    if config.backend not in (None, "local", "ray"):
+        raise ConfigurationError(f"backend must be 'local' or 'ray', not {config.backend!r}")
+    if config.remote and config.backend == "local":
+        raise ConfigurationError("remote=True runs on Ray: it cannot go with backend='local'")
+    for name in ("standby", "tracking", "remote"):
         if not isinstance(getattr(config, name), bool):
             raise ConfigurationError(f"{name} must be True or False, not {getattr(config, name)!r}")
     if config.run_name is not None and not isinstance(config.run_name, str):

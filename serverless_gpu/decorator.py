@@ -28,7 +28,7 @@ from .errors import (
     StorageError,
     UsageError,
 )
-from .gpus import GPUType, resolve_placement
+from .gpus import GPUType, Placement, resolve_placement
 from .handle import RunHandle
 from .hooks import RunContext, run_hooks
 from .lifetime import bounded_grace
@@ -81,14 +81,20 @@ class DistributedFunction(Generic[P, R]):
         self.config = config
         self._backend = backend
         functools.update_wrapper(self, func)
-        if config.standby:
+        if config.standby and not config.on_ray:
             _start_prewarm(
                 lambda: _prewarm(self.backend, config.gpus, config.gpu_type, config.tracking)
             )
 
     @property
     def backend(self) -> Backend:
-        return self._backend if self._backend is not None else default_backend()
+        if self._backend is not None:
+            return self._backend
+        if self.config.on_ray:
+            from .backends.ray import ray_backend
+
+            return ray_backend()
+        return default_backend()
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> NoReturn:
         name = getattr(self.func, "__name__", "fn")
@@ -164,7 +170,7 @@ class DistributedFunction(Generic[P, R]):
         cfg = self.config
         settings.check()  # before anything exists: no run directory, MLflow run or launcher
         cwd = _working_directory()
-        placement = resolve_placement(cfg.gpus, cfg.gpu_type)
+        placement = _placement(cfg)
         payload = dump_payload(self.func, args, kwargs, max_payload_bytes(cfg.max_payload_bytes))
         name = getattr(self.func, "__qualname__", "fn")
         try:
@@ -205,6 +211,17 @@ def _say_retrying(failed: FailedAttempt, call: Call) -> None:
         file=sys.stderr,
         flush=True,
     )
+
+
+def _placement(cfg: DistributedConfig) -> Placement:
+    """The ranks: on this machine's GPUs, or on the Ray cluster (connected first, so that a
+    missing cluster fails before anything is created)."""
+    if not cfg.on_ray:
+        return resolve_placement(cfg.gpus, cfg.gpu_type)
+    from .backends.ray import cluster_placement, connect
+
+    connect()
+    return cluster_placement(cfg.gpus, cfg.gpu_type)
 
 
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO}

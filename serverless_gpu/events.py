@@ -100,6 +100,8 @@ class RankStarted:
     rank: int
     pid: int
     time: float
+    node: str = ""
+    """Where the rank runs, when that is not the caller's machine (``"node 1 (10.0.0.7)"``)."""
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,9 @@ class RunHandle(Generic[R]):
         self._subscribers: list[Subscriber] = []
         self._stderr: dict[int, deque[str]] = {}
         self._outcome: tuple[RunResult[R] | None, BaseException | None] | None = None
+        self.load_values: Callable[[], list[Any]] | None = None
+        """Where the backend keeps the ranks' values itself (Ray's object store); None: the
+        result files of the run."""
         self.idle_callbacks = ctx.idle_callbacks
         ctx.set_canceller(self.cancel)
         ctx.set_stacks_taker(self.stacks)
@@ -175,7 +178,10 @@ class RunHandle(Generic[R]):
             if finished.status is not RunStatus.SUCCEEDED:
                 tails = {r: "".join(lines) for r, lines in self._stderr.items()}
                 return None, failure_exception(finished, self.ranks, tails, ctx.paths, ctx.timeout)
-            values: list[Any] = load_results(ctx.paths, ctx.placement.world_size)
+            if self.load_values is not None:
+                values: list[Any] = self.load_values()
+            else:
+                values = load_results(ctx.paths, ctx.placement.world_size)
             result: RunResult[R] = RunResult(
                 values,
                 run_id=ctx.run_id,

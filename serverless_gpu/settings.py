@@ -197,6 +197,18 @@ WIDGET_LINES = Variable(
     _int_between(1, 1_000_000),
     "Lines per rank the notebook widget keeps.",
 )
+RAY_RESERVE_TIMEOUT = Variable(
+    "SERVERLESS_GPU_RAY_RESERVE_TIMEOUT",
+    60.0,
+    _seconds(zero_allowed=False),
+    "Seconds a ``remote=True`` call waits for the Ray cluster to hold its ranks.",
+)
+RAY_CPUS_PER_RANK = Variable(
+    "SERVERLESS_GPU_RAY_CPUS_PER_RANK",
+    1,
+    _int_between(1, 1024),
+    "CPUs reserved for each rank of a ``remote=True`` call (with its GPU, if any).",
+)
 
 USER_SETTINGS: tuple[Variable[Any], ...] = (
     DEVICE_TYPE,
@@ -213,6 +225,8 @@ USER_SETTINGS: tuple[Variable[Any], ...] = (
     CACHE_DIR,
     DISPLAY,
     WIDGET_LINES,
+    RAY_RESERVE_TIMEOUT,
+    RAY_CPUS_PER_RANK,
 )
 """Every variable a user may set."""
 

@@ -1,0 +1,72 @@
+"""The Ray backend: a call's ranks are actors on the Ray cluster this process is connected to."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ...errors import SerializationError
+from ...gpus import Placement
+from ...handle import RunHandle
+from ..base import RunRequest
+from .connect import connect
+from .run import RayRun
+
+_JOIN_S = 10.0
+
+
+class RayBackend:
+    """Starts each call as a :class:`RayRun`; keeps nothing running between calls."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, RayRun] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, request: RunRequest) -> RunHandle[Any]:
+        connect()
+        ctx = request.context
+        handle: RunHandle[Any] = RunHandle(ctx, lambda reason: run.cancel(reason))
+        run = RayRun(request, handle.push)
+        handle.load_values = lambda: _values(run)
+        with self._lock:
+            self._runs = {k: v for k, v in self._runs.items() if v.thread.is_alive()}
+            self._runs[ctx.run_id] = run
+        run.start()
+        return handle
+
+    def start(self) -> None:
+        """Nothing to start ahead: the cluster is Ray's."""
+
+    def prewarm(self, placement: Placement, preload: tuple[str, ...] = ()) -> None:
+        """Nothing to prepare: each call's actors start with it."""
+
+    def shutdown(self) -> None:
+        with self._lock:
+            runs = list(self._runs.values())
+            self._runs.clear()
+        for run in runs:
+            run.cancel("the caller shut down")
+        for run in runs:
+            run.thread.join(_JOIN_S)
+
+
+def _values(run: RayRun) -> list[Any]:
+    for rank, exc in sorted(run.value_errors.items()):
+        raise SerializationError(
+            f"the result of rank {rank} could not be loaded in the caller: "
+            f"{type(exc).__name__}: {exc}",
+            run_dir=run.ctx.run_dir,
+        ) from exc
+    return run.values
+
+
+_default: RayBackend | None = None
+_default_lock = threading.Lock()
+
+
+def ray_backend() -> RayBackend:
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = RayBackend()
+        return _default

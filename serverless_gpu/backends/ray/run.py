@@ -1,0 +1,383 @@
+"""One call on a Ray cluster, supervised from a thread of the caller.
+
+Root cause = the first failure in time; any failure, the timeout or a cancel kills every other
+rank's actor at once (``ray.kill``, also when it is blocked in a collective). The placement
+group, the actors and the event sink are removed in ``finally``; if the caller dies, Ray removes
+them itself (they belong to the caller's job).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from ... import settings
+from ...env import rank_env
+from ...errors import describe_failure
+from ...events import (
+    OutputLines,
+    RankFinished,
+    RankStarted,
+    RankState,
+    RunFinished,
+    RunStatus,
+)
+from ...serialization import dump_to_file
+from ..base import RunRequest
+from .placement import PlacementError, Reservation, _Stopped, reserve
+
+_SLICE_S = 0.1
+_CALL_S = 30.0
+"""Bound on one control call to an actor (its answer, not the rank's work)."""
+
+
+_LIVE = (RankState.STARTING, RankState.RUNNING)
+
+
+@dataclass
+class _Rank:
+    rank: int
+    actor: Any = None
+    place: dict[str, Any] = field(default_factory=dict)
+    node_rank: int = 0
+    state: RankState = RankState.STARTING
+    summary: str = ""
+    result: Any = None
+    log: IO[bytes] | None = None
+
+
+class RayRun:
+    """Reserve, start, watch and stop the ranks of one call; feed its handle's events."""
+
+    def __init__(self, request: RunRequest, push: Callable[[Any], None]) -> None:
+        self.request = request
+        self.ctx = request.context
+        self.push = push
+        p = self.ctx.placement
+        self.ranks = [_Rank(r) for r in range(p.world_size)]
+        self.device = p.device
+        self.deadline = None if self.ctx.timeout is None else time.monotonic() + self.ctx.timeout
+        self.cancel_reason: str | None = None
+        self.failures: list[tuple[float, int, str]] = []
+        self.status = RunStatus.RUNNING
+        self.message = ""
+        self.stopping = False
+        self.values: list[Any] = []
+        self.value_errors: dict[int, BaseException] = {}
+        self.reservation: Reservation | None = None
+        self.sink: Any = None
+        self.thread = threading.Thread(target=self._main, name="serverless-gpu-ray", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def cancel(self, reason: str) -> None:
+        self.cancel_reason = reason
+
+    # -- the run's thread -----------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        except _Stopped as stop:
+            self._stop(self._stop_status(), stop.reason)
+        except PlacementError as exc:
+            self.status, self.message = RunStatus.FAILED, str(exc)
+            self.stopping = True
+        except Exception as exc:  # a fault of ours or of the cluster ends this call, clearly
+            if not self.stopping:
+                self.status = RunStatus.FAILED
+                self.message = f"the Ray backend failed: {type(exc).__name__}: {exc}"
+                self.stopping = True
+        finally:
+            self._kill_all()
+            self._take_events()
+            self._release()
+            self._finish()
+
+    def _run(self) -> None:
+        import ray
+
+        cpus = settings.RAY_CPUS_PER_RANK.read(self.request.env)
+        timeout = settings.RAY_RESERVE_TIMEOUT.read(self.request.env)
+        world = len(self.ranks)
+        self.reservation = reserve(world, self.device, cpus, timeout, self._stop_reason)
+        self.sink = _make_sink(ray)
+        self._start_actors(ray, cpus)
+        self._locate(ray)
+        if self.stopping:
+            return
+        payload = ray.put(self.request.payload)
+        pending = {}
+        for r in self.ranks:
+            env = self._env(r)
+            pending[
+                r.actor.run.remote(
+                    payload, env, self.request.cwd, list(self.request.sys_path), self.ctx.name
+                )
+            ] = r
+            r.state = RankState.RUNNING
+            self.push(
+                RankStarted(self.ctx.run_id, r.rank, r.place["pid"], time.time(), _node_label(r))
+            )
+        self._watch(ray, pending)
+        if not self.stopping:
+            self._fetch_results(ray)
+
+    def _start_actors(self, ray: Any, cpus: int) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from .rank_actor import RankActor
+
+        assert self.reservation is not None
+        remote = ray.remote(RankActor)
+        logs = self.ctx.run_dir / "logs"
+        logs.mkdir(mode=0o700, exist_ok=True)
+        for r in self.ranks:
+            r.node_rank = self.reservation.node_rank[r.rank]
+            r.log = open(logs / f"rank_{r.rank}.txt", "ab", buffering=0)  # noqa: SIM115
+            r.actor = remote.options(
+                num_cpus=cpus,
+                num_gpus=1 if self.device == "cuda" else 0,
+                max_restarts=0,
+                max_task_retries=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.reservation.group,
+                    placement_group_bundle_index=self.reservation.bundle_of_rank[r.rank],
+                ),
+            ).remote(self.ctx.run_id, r.rank, self.sink)
+
+    def _locate(self, ray: Any) -> None:
+        """Wait (bounded by the call's timeout and cancel) for every actor to report where it
+        runs; rank 0 also picks the process group's port on its node."""
+        refs = {r.actor.where.remote(r.rank == 0): r for r in self.ranks}
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=_SLICE_S)
+            for ref in ready:
+                r = refs.pop(ref)
+                try:
+                    r.place = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    self._lost(ray, r, exc)
+            reason = self._stop_reason()
+            if reason is not None:
+                raise _Stopped(reason)
+            if self.stopping:
+                return
+
+    def _env(self, r: _Rank) -> dict[str, str]:
+        master = self.ranks[0].place
+        world = len(self.ranks)
+        local = [x for x in self.ranks if x.node_rank == r.node_rank]
+        env = rank_env(
+            self.request.env,
+            rank=r.rank,
+            world_size=world,
+            master_port=int(master["port"]),
+            device=self.device,
+            run_id=self.ctx.run_id,
+            run_dir=str(self.ctx.run_dir),
+        )
+        env.update(
+            LOCAL_RANK=str(local.index(r)),
+            LOCAL_WORLD_SIZE=str(len(local)),
+            GROUP_RANK=str(r.node_rank),
+            NODE_RANK=str(r.node_rank),
+            MASTER_ADDR=str(master["ip"]),
+        )
+        if "OMP_NUM_THREADS" not in self.request.env:
+            env["OMP_NUM_THREADS"] = str(settings.RAY_CPUS_PER_RANK.read(self.request.env))
+        if (
+            not str(master["ip"]).startswith("127.")
+            and "GLOO_SOCKET_IFNAME" not in self.request.env
+        ):
+            env.pop("GLOO_SOCKET_IFNAME", None)  # the loopback would not reach other nodes
+        return env
+
+    def _watch(self, ray: Any, pending: dict[Any, _Rank]) -> None:
+        while pending and not self.stopping:
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_SLICE_S)
+            self._take_events()
+            for ref in ready:
+                self._rank_ended(ray, pending.pop(ref), ref)
+            reason = self._stop_reason()
+            if reason is not None:
+                self._stop(self._stop_status(), reason)
+
+    def _rank_ended(self, ray: Any, r: _Rank, ref: Any) -> None:
+        try:
+            outcome = ray.get(ref, timeout=_CALL_S)
+        except ray.exceptions.RayActorError as exc:
+            self._lost(ray, r, exc)
+            return
+        self._take_events()  # the rank's last output before its end
+        if outcome[0] == "ok":
+            r.state, r.result, r.summary = RankState.DONE, outcome[1][0], outcome[2]
+            self._rank_finished(r)
+            return
+        record, summary = outcome[1], outcome[2]
+        dump_to_file(record, self.ctx.run_dir / f"error_{r.rank}.pkl")
+        r.state, r.summary = RankState.FAILED, summary
+        kind = record.extra.get("kind", "raised")
+        self.failures.append(
+            (record.time, r.rank, describe_failure(kind, record.type_name, record.message))
+        )
+        self._rank_finished(r)
+        self._stop(RunStatus.FAILED)
+
+    def _lost(self, ray: Any, r: _Rank, exc: BaseException) -> None:
+        """The rank's actor died under it: its node died, or its process was killed."""
+        if self.stopping and r.state is not RankState.RUNNING:
+            return
+        node = r.place.get("node_id") or (
+            self.reservation.node_of_rank[r.rank] if self.reservation else ""
+        )
+        peers = [x.rank for x in self.ranks if x.node_rank == r.node_rank]
+        if node and not _node_alive(ray, node):
+            what = (
+                f"was lost with its node: node {r.node_rank} ({_node_label(r) or node}) died; "
+                f"ranks {', '.join(map(str, peers))} ran there"
+            )
+        else:
+            first = str(exc).strip().splitlines()
+            what = "was killed: its Ray actor died" + (f" ({first[0]})" if first else "")
+        r.state, r.summary = RankState.FAILED, what
+        self.failures.append((time.time(), r.rank, what))
+        self._rank_finished(r)
+        self._stop(RunStatus.FAILED)
+
+    def _fetch_results(self, ray: Any) -> None:
+        refs = [r.result for r in self.ranks]
+        while True:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_SLICE_S, fetch_local=True)
+            if len(ready) == len(refs):
+                break
+            reason = self._stop_reason()
+            if reason is not None:
+                raise _Stopped(reason)
+        for r in self.ranks:
+            try:
+                self.values.append(ray.get(r.result, timeout=_CALL_S))
+            except Exception as exc:  # e.g. the result's class cannot be imported here
+                self.values.append(None)
+                self.value_errors[r.rank] = exc
+
+    # -- stopping -------------------------------------------------------------------------------
+
+    def _stop_reason(self) -> str | None:
+        if self.cancel_reason is not None:
+            return self.cancel_reason
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            running = [
+                r.rank for r in self.ranks if r.state in (RankState.STARTING, RankState.RUNNING)
+            ]
+            return (
+                f"exceeded its timeout of {self.ctx.timeout:g} s; ranks still running: "
+                + ", ".join(map(str, running))
+            )
+        return None
+
+    def _stop_status(self) -> RunStatus:
+        return RunStatus.CANCELLED if self.cancel_reason is not None else RunStatus.TIMED_OUT
+
+    def _stop(self, status: RunStatus, message: str = "") -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        self.status, self.message = status, message
+        self._kill_all()
+
+    def _kill_all(self) -> None:
+        import ray
+
+        for r in self.ranks:
+            if r.actor is not None:
+                try:
+                    ray.kill(r.actor, no_restart=True)
+                except Exception:  # already gone
+                    pass
+
+    def _release(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if self.sink is not None:
+            try:
+                ray.kill(self.sink, no_restart=True)
+            except Exception:
+                pass
+        if self.reservation is not None:
+            try:
+                remove_placement_group(self.reservation.group)
+            except Exception:
+                pass
+        for r in self.ranks:
+            if r.log is not None:
+                r.log.close()
+
+    def _take_events(self) -> None:
+        import ray
+
+        if self.sink is None:
+            return
+        try:
+            events = ray.get(self.sink.take.remote(), timeout=_CALL_S)
+        except Exception:  # the sink is gone (the caller's node is going away): nothing to show
+            return
+        for event in events:
+            if isinstance(event, OutputLines):
+                self._log(event)
+            self.push(event)
+
+    def _log(self, event: OutputLines) -> None:
+        log = self.ranks[event.rank].log
+        if log is not None:
+            data = "".join(p for p in event.lines if p.endswith(("\n", "\r")))
+            log.write(data.encode("utf-8", "backslashreplace"))
+
+    def _rank_finished(self, r: _Rank) -> None:
+        self.push(
+            RankFinished(self.ctx.run_id, r.rank, r.state, None, None, time.time(), r.summary)
+        )
+
+    def _finish(self) -> None:
+        for r in self.ranks:
+            if r.state in _LIVE:
+                r.state = RankState.KILLED
+                if r.actor is not None:
+                    self._rank_finished(r)
+        unfinished = tuple(r.rank for r in self.ranks if r.state is RankState.KILLED)
+        root, cause = None, ""
+        if self.failures and self.status is RunStatus.FAILED:
+            _when, root, cause = min(self.failures)
+            self.message = f"rank {root} {cause}"
+        elif not self.stopping:
+            self.status = RunStatus.SUCCEEDED
+        self.push(
+            RunFinished(
+                self.ctx.run_id, self.status, root, self.message, unfinished, time.time(), cause
+            )
+        )
+
+
+def _make_sink(ray: Any) -> Any:
+    """The event sink on this node, so that the caller's polls stay local."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from .rank_actor import EventSink
+
+    node = ray.get_runtime_context().get_node_id()
+    strategy = NodeAffinitySchedulingStrategy(node, soft=True) if node else "DEFAULT"
+    return ray.remote(EventSink).options(num_cpus=0, scheduling_strategy=strategy).remote()
+
+
+def _node_alive(ray: Any, node_id: str) -> bool:
+    return any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
+
+
+def _node_label(r: _Rank) -> str:
+    ip = r.place.get("ip")
+    return f"node {r.node_rank} ({ip})" if ip else f"node {r.node_rank}"

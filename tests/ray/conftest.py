@@ -1,0 +1,105 @@
+"""One real Ray cluster for the Ray tests: 2 worker nodes x 2 CPUs on 127.0.0.1
+(``ray.cluster_utils.Cluster``) and a head node without CPUs (as production clusters keep
+their head free of work), so that a test can remove a node holding ranks and the cluster
+lives on. This process is connected to it as the caller."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Before ray is imported: Ray then runs a multi-node cluster on one machine, on 127.0.0.1.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+from ray.util.state import list_actors, list_placement_groups  # noqa: E402
+
+from serverless_gpu import hooks, tracking  # noqa: E402
+
+NODE_CPUS = 2
+OUR_ACTORS = {"RankActor", "EventSink"}
+STUB = Path(__file__).resolve().parent / "no_rfc3987"
+
+
+def node_of(cluster: Cluster, node_id: str) -> Any:
+    """The cluster's node object with this Ray node id."""
+    return next(n for n in cluster.list_all_nodes() if n.node_id == node_id)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _node_args() -> dict[str, Any]:
+    return {"num_cpus": NODE_CPUS, "object_store_memory": 100 * 2**20}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The cluster (head + one worker node), started once for every Ray test."""
+    old_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STUB), old_path]))
+    head = {
+        "num_cpus": 0,
+        "object_store_memory": 100 * 2**20,
+        "dashboard_port": _free_port(),
+        "include_dashboard": True,
+    }
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        for _ in range(2):
+            cluster.add_node(**_node_args())
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        os.environ["PYTHONPATH"] = old_path
+
+
+@pytest.fixture
+def cluster(ray_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    """The cluster with two nodes of 2 CPUs (a test that removed one gets a fresh one), run
+    directories under the test's tmp dir, and no actor or placement group of ours left after."""
+    workers = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
+    for _ in range(2 - len(workers)):
+        ray_cluster.add_node(**_node_args())
+    ray_cluster.wait_for_nodes()
+    monkeypatch.setenv("SERVERLESS_GPU_RUNS_DIR", str(tmp_path / "runs"))
+    return ray_cluster
+
+
+@pytest.fixture
+def untracked() -> Iterator[None]:
+    hooks.unregister_hook(tracking.tracking_hook)
+    try:
+        yield
+    finally:
+        hooks.register_hook(tracking.tracking_hook, order=10)
+
+
+def leftovers(timeout: float = 15.0) -> tuple[list[Any], list[Any]]:
+    """Our actors still alive and placement groups not removed, after waiting up to
+    ``timeout`` for Ray to finish removing them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        actors = [
+            a
+            for a in list_actors(filters=[("state", "!=", "DEAD")], raise_on_missing_output=False)
+            if a.class_name in OUR_ACTORS
+        ]
+        groups = list_placement_groups(
+            filters=[("state", "!=", "REMOVED")], raise_on_missing_output=False
+        )
+        if (not actors and not groups) or time.monotonic() > deadline:
+            return actors, groups
+        time.sleep(0.5)

@@ -1,0 +1,73 @@
+"""Functions the Ray tests run on the cluster's ranks (importable, so they travel by reference)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+from serverless_gpu import runtime
+
+
+class NodeOneFailure(ValueError):
+    """Raised by a rank on node 1; carries the time it was raised."""
+
+
+def placement_and_all_reduce(megabytes: int) -> dict[str, Any]:
+    """Where the rank runs, a gloo all-reduce over every rank, and a tensor of ``megabytes``."""
+    import ray
+    import torch
+    import torch.distributed as dist
+
+    runtime.init_process_group(timeout=timedelta(seconds=60))
+    value = torch.tensor([float(runtime.get_global_rank() + 1)])
+    dist.all_reduce(value)
+    dist.destroy_process_group()
+    print(f"rank {runtime.get_global_rank()} reduced {value.item():g}")
+    return {
+        "rank": runtime.get_global_rank(),
+        "node_rank": runtime.get_node_rank(),
+        "local_rank": runtime.get_local_rank(),
+        "group_rank": int(os.environ["GROUP_RANK"]),
+        "local_world_size": runtime.get_local_world_size(),
+        "world_size": runtime.get_world_size(),
+        "master": (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])),
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "caller_var": os.environ.get("SERVERLESS_GPU_TEST_CALLER_VAR"),
+        "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "sum": value.item(),
+        "tensor": torch.full((megabytes * 2**18,), float(runtime.get_global_rank())),
+    }
+
+
+def node_one_raises() -> None:
+    """Ranks 0, 1 and 3 wait in a collective; rank 2 (node 1) raises."""
+    import torch.distributed as dist
+
+    runtime.init_process_group(timeout=timedelta(seconds=600))
+    dist.barrier()
+    if runtime.get_global_rank() == 2:
+        raise NodeOneFailure(time.time())
+    dist.barrier()  # never completes: rank 2 is gone
+
+
+def report_then_block() -> None:
+    """Say where the rank runs, then wait in a collective that never completes."""
+    import ray
+    import torch.distributed as dist
+
+    runtime.init_process_group(timeout=timedelta(seconds=600))
+    node = ray.get_runtime_context().get_node_id()
+    print(f"ready rank={runtime.get_global_rank()} node={node}", flush=True)
+    if runtime.get_global_rank() == 0:
+        time.sleep(600)
+    dist.barrier()
+
+
+def sleep_forever() -> None:
+    print("sleeping", flush=True)
+    sys.stdout.flush()
+    time.sleep(600)

@@ -1,0 +1,76 @@
+"""What a remote call leaves behind when its caller dies, and a caller with no cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import OUR_ACTORS, leftovers
+from ray.util.state import list_actors
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_a_killed_caller_leaves_no_actor_and_no_placement_group(
+    cluster: object, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": cluster.address,  # type: ignore[attr-defined]
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "SERVERLESS_GPU_RUNS_DIR": str(tmp_path / "runs"),
+    }
+    driver = subprocess.Popen(
+        [sys.executable, str(HERE / "ray_driver.py")],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None
+        seen = []
+        for line in iter(driver.stdout.readline, ""):  # the console printer's lines first
+            seen.append(line.strip())
+            if line.startswith(("running", "not running")):
+                break
+        assert seen[-1] == "running", seen
+        alive = [
+            a for a in list_actors(filters=[("state", "=", "ALIVE")]) if a.class_name in OUR_ACTORS
+        ]
+        assert len(alive) == 5, "4 ranks and the event sink, before the caller dies"
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(10)
+    assert leftovers(timeout=30) == ([], []), "Ray removed the dead caller's actors and group"
+
+
+def test_no_cluster_is_a_configuration_error_before_anything_starts(tmp_path: Path) -> None:
+    code = (
+        "import serverless_gpu as s\n"
+        "fn = s.distributed(gpus=2, gpu_type='cpu', remote=True)(print)\n"
+        "try:\n"
+        "    fn.distributed()\n"
+        "except s.ConfigurationError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["SERVERLESS_GPU_RUNS_DIR"] = str(tmp_path / "runs")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "connected to none" in out.stdout and "ray.init(address=" in out.stdout, out
+    assert "RAY_ADDRESS" in out.stdout
+    assert not (tmp_path / "runs").exists(), "no run directory was made"
+
+
+@pytest.mark.parametrize("options", [{"backend": "ray"}, {"remote": True}])
+def test_backend_ray_is_the_same_as_remote(options: dict[str, object]) -> None:
+    from serverless_gpu import distributed
+    from serverless_gpu.backends.ray import RayBackend
+
+    fn = distributed(gpus=2, gpu_type="cpu", **options)(print)
+    assert isinstance(fn.backend, RayBackend)
