@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import runrecord as _runrecord  # noqa: F401 - registers the run.json hook
+from .backends.ray import ray_launch
 from .decorator import DistributedConfig, DistributedFunction, distributed, warm_up
 from .errors import (
     CancelledError,
@@ -59,6 +60,7 @@ __all__ = [
     "get_local_world_size",
     "get_node_rank",
     "get_world_size",
+    "ray_launch",
     "shutdown",
     "warm_up",
 ]

@@ -71,3 +71,35 @@ def sleep_forever() -> None:
     print("sleeping", flush=True)
     sys.stdout.flush()
     time.sleep(600)
+
+
+def log_metrics(steps: int) -> int:
+    """Log the node this rank runs on and a few steps of a metric into the call's MLflow run."""
+    import mlflow
+
+    node = runtime.get_node_rank()
+    mlflow.log_metric("node", node)
+    for step in range(steps):
+        mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
+    return node
+
+
+def tasks_on_every_node(tasks: int) -> dict[str, Any]:
+    """Ray-native code: spread plain Ray tasks over the cluster from the launched driver."""
+    import ray
+
+    from serverless_gpu.backends.ray import launch_gpus
+
+    @ray.remote(num_cpus=1)
+    def node_of_task() -> str:
+        return str(ray.get_runtime_context().get_node_id())
+
+    nodes = ray.get(
+        [node_of_task.options(scheduling_strategy="SPREAD").remote() for _ in range(tasks)]
+    )
+    print(f"{tasks} tasks ran on {len(set(nodes))} nodes")
+    return {
+        "nodes": len(set(nodes)),
+        "gpus": launch_gpus(),
+        "cpu_mode": "SERVERLESS_GPU_DEVICE" in os.environ,
+    }

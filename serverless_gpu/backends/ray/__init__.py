@@ -3,5 +3,15 @@ results, failures and events as the local backend. Ray is imported only when a c
 
 from .backend import RayBackend, ray_backend
 from .connect import HOW_TO_CONNECT, cluster_placement, connect
+from .launch import RayLaunchFunction, launch_gpus, ray_launch
 
-__all__ = ["HOW_TO_CONNECT", "RayBackend", "cluster_placement", "connect", "ray_backend"]
+__all__ = [
+    "HOW_TO_CONNECT",
+    "RayBackend",
+    "RayLaunchFunction",
+    "cluster_placement",
+    "connect",
+    "launch_gpus",
+    "ray_backend",
+    "ray_launch",
+]

@@ -1,0 +1,43 @@
+"""One MLflow run per remote call, with the metrics of ranks on both nodes (a local SQLite store:
+the ranks' points travel back to the caller, which writes them)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import ray_fns
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from mlflow import MlflowClient  # noqa: E402
+
+from serverless_gpu import distributed  # noqa: E402
+
+
+def test_metrics_from_both_nodes_in_one_run(
+    cluster: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "ray-test")
+    monkeypatch.setenv("SERVERLESS_GPU_MLFLOW_FLUSH_INTERVAL", "0.2")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    fn = distributed(gpus=4, gpu_type="cpu", remote=True, timeout=180)(ray_fns.log_metrics)
+
+    out = fn.distributed(5)
+
+    assert list(out) == [0, 0, 1, 1]
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("ray-test").experiment_id])
+    assert [r.info.run_id for r in runs] == [out.metadata["mlflow_run_id"]], "one run per call"
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    metrics = run.data.metrics
+    # Rank 0 logs under the plain name, the other ranks under rank_N/ (as locally).
+    assert metrics["node"] == 0 and metrics["rank_1/node"] == 0
+    assert metrics["rank_2/node"] == 1 and metrics["rank_3/node"] == 1
+    for key in ("loss", "rank_1/loss", "rank_2/loss", "rank_3/loss"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [m.step for m in sorted(history, key=lambda m: m.step)] == list(range(5)), key
