@@ -12,6 +12,8 @@ CPU, one all-reduce, destroy_process_group).
 
     PYTHONPATH=. python benchmarks/launch.py [--gpus N] [--cpu] [--reps K] [--quick] [--out F]
 
+``--backend ray`` measures ``remote=True`` calls on a Ray cluster instead (``launch_ray.py``).
+
 This process is the caller and never touches CUDA; baselines that need CUDA create it in their
 own child processes.
 """
@@ -289,7 +291,19 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child_main(sys.argv[2:])
         return
-    s = C.parse_settings(__doc__.splitlines()[0])
+    argv = sys.argv[1:]
+    if "--backend" in argv:
+        at = argv.index("--backend")
+        backend = argv[at + 1] if at + 1 < len(argv) else ""
+        del argv[at : at + 2]
+        if backend == "ray":
+            import launch_ray
+
+            launch_ray.main(argv)
+            return
+        if backend != "local":
+            sys.exit(f"--backend must be local or ray, not {backend!r}")
+    s = C.parse_settings(__doc__.splitlines()[0], argv)
     jobs = jobs_for(s)
     tmp = Path(tempfile.mkdtemp(prefix="sgpu-bench-launch-"))
     # Private run directories: other callers of this user prune the shared default one.

@@ -29,7 +29,14 @@ def rank_counts(view: RunView) -> str:
 
 
 def hardware_label(view: RunView) -> str:
-    return f"{view.world_size} x {view.hardware}"
+    nodes = len(view.nodes)
+    where = f" on {nodes} Ray node{'s' if nodes != 1 else ''}" if nodes else ""
+    return f"{view.world_size} x {view.hardware}{where}"
+
+
+def rank_label(rank: RankView) -> str:
+    """``2``, or ``2 on node 1 (10.0.0.7)`` for a rank on another machine."""
+    return f"{rank.rank} on {rank.node}" if rank.node else str(rank.rank)
 
 
 def status_words(view: RunView) -> str:
@@ -46,7 +53,7 @@ def rank_status(rank: RankView) -> str:
         shown = str(where) if where is not None else strip_ansi(rank.last_line()).strip()
     else:
         shown = rank_outcome(rank)
-    return f"rank {rank.rank} \u00b7 {rank.state}" + (f" \u00b7 {shown}" if shown else "")
+    return f"rank {rank_label(rank)} \u00b7 {rank.state}" + (f" \u00b7 {shown}" if shown else "")
 
 
 def header_text(view: RunView, now: float | None = None) -> str:
@@ -67,7 +74,7 @@ def rank_outcome(rank: RankView) -> str:
 def summary_rows(view: RunView, now: float | None = None) -> list[tuple[str, str, str, str]]:
     end = now or view.finished or time.time()
     return [
-        (str(r.rank), str(r.state), seconds(r.duration(end)), rank_outcome(r)) for r in view.ranks
+        (rank_label(r), str(r.state), seconds(r.duration(end)), rank_outcome(r)) for r in view.ranks
     ]
 
 

@@ -15,6 +15,7 @@ from .formatting import (
     final_line,
     hardware_label,
     rank_counts,
+    rank_label,
     rank_status,
     seconds,
     status_words,
@@ -133,13 +134,17 @@ def rank_status_html(view: RunView) -> str:
         rows.append(
             f'<div class="sgpu-rank-status" data-rank="{rank.rank}" style="white-space:nowrap;'
             f'overflow:hidden;text-overflow:ellipsis">{_prefix(rank.rank)}'
-            f"{badge(str(rank.state), str(rank.state))}{_code(shown)}</div>"
+            f"{_node(rank)}{badge(str(rank.state), str(rank.state))}{_code(shown)}</div>"
         )
     return f'<div style="font-size:12px;line-height:1.7">{"".join(rows)}</div>'
 
 
+def _node(rank: RankView) -> str:
+    return f'<span style="{_MUTED}">{html.escape(rank.node)}</span> ' if rank.node else ""
+
+
 def tab_title(rank: RankView) -> str:
-    return f"rank {rank.rank} \u00b7 {rank.state}"
+    return f"rank {rank_label(rank)} \u00b7 {rank.state}"
 
 
 def record_html(view: RunView, tail: int = RECORD_TAIL) -> str:
@@ -188,7 +193,7 @@ def _rank_tail(view: RunView, rank: RankView, tail: int) -> str:
     body = "".join(ansi_to_html(text) + "\n" for text in lines) or "(no output)"
     return (
         f'<details class="sgpu-record-rank" data-rank="{rank.rank}"{opened}>'
-        f"<summary>rank {rank.rank} &middot; {html.escape(str(rank.state))} &middot; last "
-        f"{len(lines)} lines{more}</summary>"
+        f"<summary>rank {html.escape(rank_label(rank))} &middot; {html.escape(str(rank.state))} "
+        f"&middot; last {len(lines)} lines{more}</summary>"
         f'<pre style="{_PRE}">{body}</pre></details>'
     )

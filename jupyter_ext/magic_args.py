@@ -46,6 +46,14 @@ def _timeout(text: str) -> float | None:
     return value
 
 
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True or False, not {text!r}")
+
+
 def _identifier(text: str) -> str:
     if not text.isidentifier() or keyword.iskeyword(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a valid Python name")
@@ -60,7 +68,7 @@ def _apply(func: F, *decorators: Callable[[F], F]) -> F:
 
 
 def placement_arguments(func: F) -> F:
-    """``--gpus`` and ``--gpu-type``: where the ranks run."""
+    """``--gpus``, ``--gpu-type``, ``--remote`` and ``--backend``: where the ranks run."""
     return _apply(
         func,
         argument("--gpus", type=_positive_int, default=None, help="Ranks to start (one per GPU)."),
@@ -70,6 +78,20 @@ def placement_arguments(func: F) -> F:
             dest="gpu_type",
             default=None,
             help="Expected accelerator (H100, A100, ..., or cpu for CPU ranks).",
+        ),
+        argument(
+            "--remote",
+            type=_bool,
+            nargs="?",
+            const=True,
+            default=False,
+            help="Run on the connected Ray cluster (remote=True).",
+        ),
+        argument(
+            "--backend",
+            choices=("local", "ray"),
+            default=None,
+            help="Where ranks run: this machine (local) or the Ray cluster (ray).",
         ),
     )
 

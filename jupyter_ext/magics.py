@@ -121,6 +121,8 @@ class DistributedMagics(Magics):
                 output=args.output,
                 run_name=args.name,
                 tracking=args.tracking,
+                remote=args.remote,
+                backend=args.backend,
                 standby=False,  # a cell runs once: nothing to prepare ahead of it
             )
         except ConfigurationError as exc:

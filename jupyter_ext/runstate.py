@@ -44,6 +44,8 @@ class RankView:
     max_lines: int
     state: RankState = RankState.STARTING
     pid: int | None = None
+    node: str = ""
+    """Where the rank runs when that is not this machine (``node 1 (10.0.0.7)``, Ray)."""
     started: float | None = None
     finished: float | None = None
     detail: str = ""
@@ -155,6 +157,7 @@ class RunView:
     def _rank_started(self, event: RankStarted) -> None:
         rank = self.ranks[event.rank]
         rank.state, rank.pid, rank.started = RankState.RUNNING, event.pid, event.time
+        rank.node = event.node
         rank.version += 1
         self.status = RunStatus.RUNNING
 
@@ -188,6 +191,11 @@ class RunView:
             elif rank.state in _INTERRUPTED:
                 rank.state, rank.detail = self._stop_reason()
             rank.version += 1
+
+    @property
+    def nodes(self) -> list[str]:
+        """The machines the ranks run on, when they are not this one."""
+        return sorted({r.node for r in self.ranks if r.node})
 
     def failed_to_start(self, message: str) -> None:
         """The call raised before the run started; no event will come."""

@@ -11,9 +11,9 @@ import ray_fns
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from mlflow import MlflowClient  # noqa: E402
+from mlflow import MlflowClient
 
-from serverless_gpu import distributed  # noqa: E402
+from serverless_gpu import distributed
 
 
 def test_metrics_from_both_nodes_in_one_run(

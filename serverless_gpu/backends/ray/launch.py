@@ -41,7 +41,7 @@ class RayLaunchFunction(Generic[P, R]):
         self._inner: DistributedFunction[P, R] = DistributedFunction(
             _as_driver(func, gpus, tuple(k for k in _CPU_MODE_VARS if k in os.environ)), config
         )
-        functools.update_wrapper(self, func)
+        functools.update_wrapper(self, func)  # type: ignore[arg-type]
 
     def distributed(self, *args: P.args, **kwargs: P.kwargs) -> R:
         __tracebackhide__ = True
