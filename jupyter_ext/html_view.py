@@ -155,9 +155,9 @@ def record_html(view: RunView, tail: int = RECORD_TAIL) -> str:
         for title in ("rank", "status", "time", "result / error", "last line")
     )
     rows = "".join(
-        f"<tr>{cell}{rank}</td>{cell}{badge(state, state)}</td>{cell}{duration}</td>"
-        f"{cell}{_code(outcome)}</td>{cell}{_code(_last(view.ranks[int(rank)]))}</td></tr>"
-        for rank, state, duration, outcome in summary_rows(view)
+        f"<tr>{cell}{html.escape(rank)}</td>{cell}{badge(state, state)}</td>{cell}{duration}</td>"
+        f"{cell}{_code(outcome)}</td>{cell}{_code(_last(r))}</td></tr>"
+        for r, (rank, state, duration, outcome) in zip(view.ranks, summary_rows(view), strict=True)
     )
     links = f" &middot; {_links(view)}" if view.links else ""
     logs = html.escape(str(view.paths.logs))

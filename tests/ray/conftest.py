@@ -39,7 +39,9 @@ def _free_port() -> int:
 
 
 def _node_args() -> dict[str, Any]:
-    return {"num_cpus": NODE_CPUS, "object_store_memory": 100 * 2**20}
+    # Two GPUs per node as Ray resources only (there are none): Ray assigns their ids to
+    # actors and sets CUDA_VISIBLE_DEVICES as on a GPU node.
+    return {"num_cpus": NODE_CPUS, "num_gpus": 2, "object_store_memory": 100 * 2**20}
 
 
 @pytest.fixture(scope="session")

@@ -103,3 +103,11 @@ def tasks_on_every_node(tasks: int) -> dict[str, Any]:
         "gpus": launch_gpus(),
         "cpu_mode": "SERVERLESS_GPU_DEVICE" in os.environ,
     }
+
+
+def visible_gpus() -> tuple[int, str, list[str]]:
+    """LOCAL_RANK, CUDA_VISIBLE_DEVICES and the GPU ids Ray assigned to this rank's actor."""
+    import ray
+
+    ids = [str(i) for i in ray.get_runtime_context().get_accelerator_ids()["GPU"]]
+    return runtime.get_local_rank(), os.environ.get("CUDA_VISIBLE_DEVICES", ""), ids

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,4 +142,36 @@ def test_more_ranks_than_the_cluster_holds(monkeypatch: pytest.MonkeyPatch) -> N
     text = str(info.value)
     assert "could not hold 6 ranks of 1 CPU each (6 CPU in all) within 2 s" in text, text
     assert "it has 4 CPU" in text, text
+    assert leftovers() == ([], [])
+
+
+def test_gpu_ranks_see_their_nodes_gpus_in_local_rank_order() -> None:
+    """GPU bundles on nodes whose 2 GPUs are Ray resources only (no CUDA is touched)."""
+    fn = distributed(gpus=4, remote=True, timeout=120)(ray_fns.visible_gpus)
+
+    out = fn.distributed()
+
+    for node in (out[0:2], out[2:4]):
+        [visible] = {cvd for _local, cvd, _ids in node}
+        assert len(visible.split(",")) == 2, "one GPU per rank of the node"
+        for local_rank, cvd, ids in node:
+            assert cvd.split(",")[local_rank] == ids[0], "cuda:LOCAL_RANK is the rank's own GPU"
+    assert leftovers() == ([], [])
+
+
+def test_keyboard_interrupt_stops_every_rank_and_is_reraised(tmp_path: Path) -> None:
+    fn = distributed(gpus=4, gpu_type="cpu", remote=True, timeout=180)(ray_fns.report_then_block)
+
+    def interrupt_once_ready() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            logs = [p.read_text() for p in (tmp_path / "runs").glob("*/logs/rank_*.txt")]
+            if len(logs) == 4 and all("ready" in log for log in logs):
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=interrupt_once_ready, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        fn.distributed()
     assert leftovers() == ([], [])

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import OUR_ACTORS, leftovers
 from ray.util.state import list_actors
@@ -74,3 +75,20 @@ def test_backend_ray_is_the_same_as_remote(options: dict[str, object]) -> None:
 
     fn = distributed(gpus=2, gpu_type="cpu", **options)(print)
     assert isinstance(fn.backend, RayBackend)
+
+
+def test_the_test_cluster_listens_on_loopback_only(cluster: object) -> None:
+    """RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps every Ray process of the test cluster on
+    127.0.0.1: nothing of it can be reached from another machine."""
+    listening = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            conns = proc.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        listening += [
+            (proc.name(), c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN
+        ]
+    assert listening, "the cluster's processes are this process's children"
+    loopback = ("127.0.0.1", "::ffff:127.0.0.1", "::1")
+    assert [x for x in listening if x[1] not in loopback] == []

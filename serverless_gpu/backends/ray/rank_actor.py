@@ -30,7 +30,8 @@ from ...serialization import load_payload
 _FLUSH_S = 0.1
 _DRAIN_S = 2.0
 NODE_LOCAL_ENV = ("CUDA_VISIBLE_DEVICES",)
-"""Variables a rank keeps from its node (Ray sets them per actor), not from the caller."""
+"""Variables a rank keeps from its node (Ray sets them per actor) unless the call sets them;
+Ray's own ``RAY_*`` variables are always the node's."""
 
 
 class OutputCapture:
@@ -189,7 +190,11 @@ class RankActor:
 
 def _become_rank(env: dict[str, str], cwd: str, sys_path: list[str], name: str) -> None:
     set_rank_title(int(env["RANK"]), int(env["WORLD_SIZE"]), name)
-    keep = {k: v for k, v in os.environ.items() if k in NODE_LOCAL_ENV or k.startswith("RAY_")}
+    keep = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith("RAY_") or (k in NODE_LOCAL_ENV and k not in env)
+    }
     os.environ.update(env)
     os.environ.update(keep)
     if os.path.isdir(cwd):  # another node may not have the caller's folder

@@ -190,10 +190,14 @@ class RayRun:
         )
         if "OMP_NUM_THREADS" not in self.request.env:
             env["OMP_NUM_THREADS"] = str(settings.RAY_CPUS_PER_RANK.read(self.request.env))
-        if (
-            not str(master["ip"]).startswith("127.")
-            and "GLOO_SOCKET_IFNAME" not in self.request.env
-        ):
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # the caller's GPUs are not the node's
+        if self.device == "cuda":
+            # Each rank sees every GPU Ray gave this call's ranks on its node, in local-rank
+            # order, so that cuda:LOCAL_RANK is its own GPU (as under torchrun) and NCCL sees
+            # its peers on the node.
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(x.place["gpu_ids"][0] for x in local)
+        loopback = str(master["ip"]).startswith("127.")
+        if not loopback and "GLOO_SOCKET_IFNAME" not in self.request.env:
             env.pop("GLOO_SOCKET_IFNAME", None)  # the loopback would not reach other nodes
         return env
 
