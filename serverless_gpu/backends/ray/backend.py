@@ -8,7 +8,7 @@ from typing import Any
 from ...errors import SerializationError
 from ...gpus import Placement
 from ...handle import RunHandle
-from ..base import RunRequest
+from ...hooks import RunContext
 from .connect import connect
 from .run import RayRun
 
@@ -22,15 +22,14 @@ class RayBackend:
         self._runs: dict[str, RayRun] = {}
         self._lock = threading.Lock()
 
-    def submit(self, request: RunRequest) -> RunHandle[Any]:
+    def submit(self, context: RunContext, payload: bytes) -> RunHandle[Any]:
         connect()
-        ctx = request.context
-        handle: RunHandle[Any] = RunHandle(ctx, lambda reason: run.cancel(reason))
-        run = RayRun(request, handle.push)
+        handle: RunHandle[Any] = RunHandle(context, lambda reason: run.cancel(reason))
+        run = RayRun(context, payload, handle.push)
         handle.load_values = lambda: _values(run)
         with self._lock:
             self._runs = {k: v for k, v in self._runs.items() if v.thread.is_alive()}
-            self._runs[ctx.run_id] = run
+            self._runs[context.run_id] = run
         run.start()
         return handle
 

@@ -15,7 +15,8 @@ import os
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from ...decorator import DEFAULT_TIMEOUT, DistributedConfig, DistributedFunction
+from ...config import DEFAULT_TIMEOUT, DistributedConfig
+from ...decorator import DistributedFunction
 from ...errors import ConfigurationError
 from ...gpus import GPUType
 

@@ -20,6 +20,7 @@ from collections import deque
 from typing import Any
 
 from ... import runtime, seeding, worker
+from ...describe import describe_value
 from ...errors import RAISED, UNPICKLABLE_RESULT, describe_exception, exception_message
 from ...events import Event, OutputLines, RankMessage
 from ...output import LineSplitter
@@ -120,7 +121,7 @@ class RankActor:
         import ray
 
         _become_rank(env, cwd, sys_path, name)
-        runtime._channel = self._to_caller
+        runtime.connect(self._to_caller)
         try:
             outcome = self._call(payload, ray)
         finally:
@@ -149,7 +150,7 @@ class RankActor:
             return self._error(
                 exc, UNPICKLABLE_RESULT, worker._type_name(result), exception_message(exc)
             )
-        return ("ok", [ref], worker._summary(result))
+        return ("ok", [ref], describe_value(result))
 
     def _error(self, exc: BaseException, kind: str, type_name: str, message: str) -> Any:
         tb_text = worker._user_traceback(exc)
@@ -159,9 +160,8 @@ class RankActor:
             type_name=type_name,
             message=message,
             traceback_text=tb_text,
+            kind=kind,
             exception=worker._pickled_exception(exc) if kind == RAISED else None,
-            library_error=kind != RAISED,
-            extra={"kind": kind},
         )
         worker._attempt(sys.stderr.write, tb_text)
         summary = describe_exception(type_name, message)

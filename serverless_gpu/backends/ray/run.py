@@ -25,8 +25,8 @@ from ...events import (
     RunFinished,
     RunStatus,
 )
+from ...hooks import RunContext
 from ...serialization import dump_to_file
-from ..base import RunRequest
 from .placement import PlacementError, Reservation, _Stopped, reserve
 
 _SLICE_S = 0.1
@@ -52,9 +52,10 @@ class _Rank:
 class RayRun:
     """Reserve, start, watch and stop the ranks of one call; feed its handle's events."""
 
-    def __init__(self, request: RunRequest, push: Callable[[Any], None]) -> None:
-        self.request = request
-        self.ctx = request.context
+    def __init__(self, ctx: RunContext, payload: bytes, push: Callable[[Any], None]) -> None:
+        self.ctx = ctx
+        self.spec = ctx.spec
+        self.payload = payload
         self.push = push
         p = self.ctx.placement
         self.ranks = [_Rank(r) for r in range(p.world_size)]
@@ -101,8 +102,8 @@ class RayRun:
     def _run(self) -> None:
         import ray
 
-        cpus = settings.RAY_CPUS_PER_RANK.read(self.request.env)
-        timeout = settings.RAY_RESERVE_TIMEOUT.read(self.request.env)
+        cpus = settings.RAY_CPUS_PER_RANK.read(self.spec.env)
+        timeout = settings.RAY_RESERVE_TIMEOUT.read(self.spec.env)
         world = len(self.ranks)
         self.reservation = reserve(world, self.device, cpus, timeout, self._stop_reason)
         self.sink = _make_sink(ray)
@@ -110,19 +111,15 @@ class RayRun:
         self._locate(ray)
         if self.stopping:
             return
-        payload = ray.put(self.request.payload)
+        payload = ray.put(self.payload)
         pending = {}
+        cwd, sys_path = self.spec.cwd, list(self.spec.sys_path)
         for r in self.ranks:
-            env = self._env(r)
-            pending[
-                r.actor.run.remote(
-                    payload, env, self.request.cwd, list(self.request.sys_path), self.ctx.name
-                )
-            ] = r
+            ref = r.actor.run.remote(payload, self._env(r), cwd, sys_path, self.ctx.name)
+            pending[ref] = r
             r.state = RankState.RUNNING
-            self.push(
-                RankStarted(self.ctx.run_id, r.rank, r.place["pid"], time.time(), _node_label(r))
-            )
+            pid = r.place["pid"]
+            self.push(RankStarted(self.ctx.run_id, r.rank, pid, time.time(), _node_label(r)))
         self._watch(ray, pending)
         if not self.stopping:
             self._fetch_results(ray)
@@ -134,11 +131,11 @@ class RayRun:
 
         assert self.reservation is not None
         remote = ray.remote(RankActor)
-        logs = self.ctx.run_dir / "logs"
-        logs.mkdir(mode=0o700, exist_ok=True)
+        paths = self.ctx.paths
+        paths.logs.mkdir(mode=0o700, exist_ok=True)
         for r in self.ranks:
             r.node_rank = self.reservation.node_rank[r.rank]
-            r.log = open(logs / f"rank_{r.rank}.txt", "ab", buffering=0)  # noqa: SIM115
+            r.log = open(paths.log(r.rank), "ab", buffering=0)  # noqa: SIM115
             r.actor = remote.options(
                 num_cpus=cpus,
                 num_gpus=1 if self.device == "cuda" else 0,
@@ -173,7 +170,7 @@ class RayRun:
         world = len(self.ranks)
         local = [x for x in self.ranks if x.node_rank == r.node_rank]
         env = rank_env(
-            self.request.env,
+            self.spec.env,
             rank=r.rank,
             world_size=world,
             master_port=int(master["port"]),
@@ -188,8 +185,8 @@ class RayRun:
             NODE_RANK=str(r.node_rank),
             MASTER_ADDR=str(master["ip"]),
         )
-        if "OMP_NUM_THREADS" not in self.request.env:
-            env["OMP_NUM_THREADS"] = str(settings.RAY_CPUS_PER_RANK.read(self.request.env))
+        if "OMP_NUM_THREADS" not in self.spec.env:
+            env["OMP_NUM_THREADS"] = str(settings.RAY_CPUS_PER_RANK.read(self.spec.env))
         env.pop("CUDA_VISIBLE_DEVICES", None)  # the caller's GPUs are not the node's
         if self.device == "cuda":
             # Each rank sees every GPU Ray gave this call's ranks on its node, in local-rank
@@ -197,7 +194,7 @@ class RayRun:
             # its peers on the node.
             env["CUDA_VISIBLE_DEVICES"] = ",".join(x.place["gpu_ids"][0] for x in local)
         loopback = str(master["ip"]).startswith("127.")
-        if not loopback and "GLOO_SOCKET_IFNAME" not in self.request.env:
+        if not loopback and "GLOO_SOCKET_IFNAME" not in self.spec.env:
             env.pop("GLOO_SOCKET_IFNAME", None)  # the loopback would not reach other nodes
         return env
 
@@ -223,11 +220,10 @@ class RayRun:
             self._rank_finished(r)
             return
         record, summary = outcome[1], outcome[2]
-        dump_to_file(record, self.ctx.run_dir / f"error_{r.rank}.pkl")
+        dump_to_file(record, self.ctx.paths.error(r.rank))
         r.state, r.summary = RankState.FAILED, summary
-        kind = record.extra.get("kind", "raised")
         self.failures.append(
-            (record.time, r.rank, describe_failure(kind, record.type_name, record.message))
+            (record.time, r.rank, describe_failure(record.kind, record.type_name, record.message))
         )
         self._rank_finished(r)
         self._stop(RunStatus.FAILED)
@@ -275,9 +271,7 @@ class RayRun:
         if self.cancel_reason is not None:
             return self.cancel_reason
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            running = [
-                r.rank for r in self.ranks if r.state in (RankState.STARTING, RankState.RUNNING)
-            ]
+            running = [r.rank for r in self.ranks if r.state in _LIVE]
             return (
                 f"exceeded its timeout of {self.ctx.timeout:g} s; ranks still running: "
                 + ", ".join(map(str, running))
@@ -350,10 +344,10 @@ class RayRun:
     def _finish(self) -> None:
         for r in self.ranks:
             if r.state in _LIVE:
-                r.state = RankState.KILLED
+                r.state = RankState.STOPPED
                 if r.actor is not None:
                     self._rank_finished(r)
-        unfinished = tuple(r.rank for r in self.ranks if r.state is RankState.KILLED)
+        unfinished = tuple(r.rank for r in self.ranks if r.state is RankState.STOPPED)
         root, cause = None, ""
         if self.failures and self.status is RunStatus.FAILED:
             _when, root, cause = min(self.failures)
