@@ -114,38 +114,32 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     os.environ.update(spec.env())
     os.chdir(run.cwd)
     sys.path[:] = list(run.sys_path)
-    _apply_thread_limit()
+    apply_thread_limit()
     seeding.reseed()
     rank_doctor.install(run.paths, spec.rank)
     send = _locked_sender(conn)
     runtime.connect(lambda kind, data: send(ToCaller(kind, data, time.time())))
     send(UserCodeStarted(time.time()))
     try:
-        try:
-            _call_initializers()
-            with open(run.paths.payload, "rb") as f:
-                func, args, kwargs = load_payload(f)
-            result = func(*args, **kwargs)
-        finally:
-            _exit_callbacks_quietly()
+        result = call_function(lambda: _read_payload(run.paths.payload))
     except SystemExit as exc:
-        return _exit_code(exc)
+        return exit_code(exc)
     except BaseException as exc:  # the user's failure, whatever it is, goes back to the caller
-        return _report_error(spec, send, exc, RAISED, _type_name(exc), exception_message(exc))
+        return _report_error(spec, send, exc, RAISED, qualified_type(exc), exception_message(exc))
     try:
         _write_result(result, run.paths.results(spec.rank), run.world_size)
     except OSError as exc:  # no room left anywhere: say so, not "cannot be pickled"
         return _report_error(
-            spec, send, exc, RESULT_NOT_WRITTEN, _type_name(result), exception_message(exc)
+            spec, send, exc, RESULT_NOT_WRITTEN, qualified_type(result), exception_message(exc)
         )
     except Exception as exc:  # any pickling failure: report which rank and which type
         return _report_error(
-            spec, send, exc, UNPICKLABLE_RESULT, _type_name(result), exception_message(exc)
+            spec, send, exc, UNPICKLABLE_RESULT, qualified_type(result), exception_message(exc)
         )
     try:
         send(RankDone(ok=True, time=time.time(), summary=describe_value(result)))
     except OSError as exc:  # the function closed our connection: the result cannot be announced
-        return _report_error(spec, send, exc, CONNECTION_LOST, _type_name(result), "")
+        return _report_error(spec, send, exc, CONNECTION_LOST, qualified_type(result), "")
     _flush()
     try:
         while not isinstance(conn.recv(), Release):
@@ -153,6 +147,50 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     except (EOFError, OSError):
         pass
     return 0
+
+
+def _read_payload(path: Path) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+    with open(path, "rb") as f:
+        return load_payload(f)
+
+
+def call_function(
+    load: Callable[[], tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]],
+) -> Any:
+    """A rank's part of the call, on every backend: the hooks' rank initializers, the payload
+    (``load()``), the user's function, then the exit callbacks (metric flushes), whatever
+    happens. Raises what the function raises."""
+    try:
+        _call_initializers()
+        func, args, kwargs = load()
+        return func(*args, **kwargs)
+    finally:
+        _exit_callbacks_quietly()
+
+
+def error_record(
+    rank: int, exc: BaseException, kind: str, type_name: str, message: str
+) -> ErrorRecord:
+    """A rank's failure as the caller turns it into an exception: for ``RAISED`` the exception
+    itself when it pickles, and always its type, message and traceback from the user's code."""
+    return ErrorRecord(
+        rank=rank,
+        time=time.time(),
+        type_name=type_name,
+        message=message,
+        traceback_text=_user_traceback(exc),
+        kind=kind,
+        exception=_pickled_exception(exc) if kind == RAISED else None,
+    )
+
+
+def hide_frames_of(filename: str) -> None:
+    """Frames of this file (a backend's rank code) lead a rank's traceback before the user's
+    code: leave them out of the traceback the caller shows."""
+    _LIBRARY_FILES.add(filename)
+
+
+_LIBRARY_FILES = {__file__}
 
 
 def _report_error(
@@ -166,26 +204,18 @@ def _report_error(
     """Record a failure for the caller. The record goes first, then the launcher is told, and
     the traceback is logged last: a function that closed stdout, stderr or the connection to
     the launcher must not lose its error to a failed write."""
-    tb_text = _user_traceback(exc)
+    record = error_record(spec.rank, exc, kind, type_name, message)
+    tb_text = record.traceback_text
     failure = describe_failure(kind, type_name, message)
-    record = ErrorRecord(
-        rank=spec.rank,
-        time=time.time(),
-        type_name=type_name,
-        message=message,
-        traceback_text=tb_text,
-        kind=kind,
-        exception=_pickled_exception(exc) if kind == RAISED else None,
-    )
-    _attempt(dump_to_file, record, spec.run.paths.error(spec.rank))
+    attempt(dump_to_file, record, spec.run.paths.error(spec.rank))
     # The launcher words a raising rank's summary itself ("rank N raised " + summary).
     summary = describe_exception(type_name, message) if kind == RAISED else failure
-    _attempt(send, RankDone(ok=False, time=record.time, summary=summary))
-    _attempt(sys.stderr.write, tb_text)
+    attempt(send, RankDone(ok=False, time=record.time, summary=summary))
+    attempt(sys.stderr.write, tb_text)
     return 1
 
 
-def _attempt(action: Callable[..., Any], *args: Any) -> None:
+def attempt(action: Callable[..., Any], *args: Any) -> None:
     """One step of reporting a failure; a step that fails must not stop the next one."""
     try:
         action(*args)
@@ -197,7 +227,7 @@ def _user_traceback(exc: BaseException) -> str:
     """The rank's traceback from the user's first frame on: this module's frames say nothing
     to the user. Source lines of notebook cells come from the payload (``sources``)."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and tb.tb_frame.f_code.co_filename in _LIBRARY_FILES:
         tb = tb.tb_next
     try:
         text = "".join(traceback.format_exception(type(exc), exc, tb))
@@ -228,16 +258,16 @@ def _exit_callbacks_quietly() -> None:
     try:
         runtime.run_exit_callbacks()
     except Exception:  # a failing flush must not hide the user's own result or error
-        _attempt(traceback.print_exc)  # nor may stderr, if the function closed it
+        attempt(traceback.print_exc)  # nor may stderr, if the function closed it
 
 
-def _apply_thread_limit() -> None:
+def apply_thread_limit() -> None:
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(threads))
 
 
-def _exit_code(exc: SystemExit) -> int:
+def exit_code(exc: SystemExit) -> int:
     if exc.code is None:
         return 0
     if isinstance(exc.code, int):
@@ -246,7 +276,7 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _type_name(value: Any) -> str:
+def qualified_type(value: Any) -> str:
     return f"{type(value).__module__}.{type(value).__qualname__}"
 
 

@@ -25,9 +25,9 @@ from ...errors import RAISED, UNPICKLABLE_RESULT, describe_exception, exception_
 from ...events import Event, OutputLines, RankMessage
 from ...output import LineSplitter
 from ...proctitle import set_rank_title
-from ...protocol import ErrorRecord
 from ...serialization import load_payload
 
+worker.hide_frames_of(__file__)
 _FLUSH_S = 0.1
 _DRAIN_S = 2.0
 NODE_LOCAL_ENV = ("CUDA_VISIBLE_DEVICES",)
@@ -68,7 +68,7 @@ class OutputCapture:
     def drained(self) -> None:
         """Wait (briefly) until what was written so far has been read."""
         for stream in (sys.stdout, sys.stderr):
-            worker._attempt(stream.flush)
+            worker.attempt(stream.flush)
         deadline = time.monotonic() + _DRAIN_S
         while time.monotonic() < deadline and any(_pending(fd) for fd, _ in self._readers):
             time.sleep(0.01)
@@ -131,41 +131,24 @@ class RankActor:
 
     def _call(self, payload: bytes, ray: Any) -> Any:
         try:
-            try:
-                worker._call_initializers()
-                func, args, kwargs = load_payload(io.BytesIO(payload))
-                result = func(*args, **kwargs)
-            finally:
-                worker._exit_callbacks_quietly()
+            result = worker.call_function(lambda: load_payload(io.BytesIO(payload)))
         except SystemExit as exc:
-            code = worker._exit_code(exc)
-            if code == 0:
-                return self._error(exc, RAISED, "SystemExit", "exited with code 0")
+            code = worker.exit_code(exc)
             return self._error(exc, RAISED, "SystemExit", f"exited with code {code}")
         except BaseException as exc:  # the user's failure goes back to the caller
-            return self._error(exc, RAISED, worker._type_name(exc), exception_message(exc))
+            return self._error(exc, RAISED, worker.qualified_type(exc), exception_message(exc))
         try:
             ref = ray.put(result)
         except Exception as exc:  # cannot be serialized: say which rank and which type
             return self._error(
-                exc, UNPICKLABLE_RESULT, worker._type_name(result), exception_message(exc)
+                exc, UNPICKLABLE_RESULT, worker.qualified_type(result), exception_message(exc)
             )
         return ("ok", [ref], describe_value(result))
 
     def _error(self, exc: BaseException, kind: str, type_name: str, message: str) -> Any:
-        tb_text = worker._user_traceback(exc)
-        record = ErrorRecord(
-            rank=self.rank,
-            time=time.time(),
-            type_name=type_name,
-            message=message,
-            traceback_text=tb_text,
-            kind=kind,
-            exception=worker._pickled_exception(exc) if kind == RAISED else None,
-        )
-        worker._attempt(sys.stderr.write, tb_text)
-        summary = describe_exception(type_name, message)
-        return ("error", record, summary)
+        record = worker.error_record(self.rank, exc, kind, type_name, message)
+        worker.attempt(sys.stderr.write, record.traceback_text)
+        return ("error", record, describe_exception(type_name, message))
 
     # -- events to the caller -----------------------------------------------------------------
 
@@ -175,7 +158,7 @@ class RankActor:
     def _flush_loop(self) -> None:
         while True:
             time.sleep(_FLUSH_S)
-            worker._attempt(self._flush, False)
+            worker.attempt(self._flush, False)
 
     def _flush(self, wait: bool) -> None:
         import ray
@@ -202,7 +185,7 @@ def _become_rank(env: dict[str, str], cwd: str, sys_path: list[str], name: str) 
     sys.path[:] = [p for p in sys_path if not p or os.path.exists(p)] + [
         p for p in sys.path if p not in sys_path
     ]
-    worker._apply_thread_limit()
+    worker.apply_thread_limit()
     seeding.reseed()
 
 
