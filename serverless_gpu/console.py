@@ -58,7 +58,9 @@ class ConsolePrinter:
         elif isinstance(event, OutputLines) and self.wants(event.rank, event.stream):
             self._write("".join(self._format(event, line) for line in event.lines))
         elif isinstance(event, RankFinished) and event.state is RankState.FAILED:
-            how = event.signal_name or f"exit code {event.exit_code}"
+            how = event.signal_name or (
+                f"exit code {event.exit_code}" if event.exit_code is not None else event.summary
+            )
             self._write(f"serverless_gpu: rank {event.rank} {event.state} ({how})\n")
         elif isinstance(event, RanksSilent) and event.ranks:
             self._write(f"serverless_gpu: warning: {warning_text(event)} (handle.stacks()).\n")

@@ -53,7 +53,9 @@ def test_four_cpu_ranks_on_two_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert leftovers() == ([], [])
 
 
-def test_a_rank_on_node_one_raises_its_own_exception_quickly() -> None:
+def test_a_rank_on_node_one_raises_its_own_exception_quickly(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     fn = distributed(gpus=4, gpu_type="cpu", remote=True, timeout=180)(ray_fns.node_one_raises)
 
     with pytest.raises(ray_fns.NodeOneFailure) as info:
@@ -62,7 +64,11 @@ def test_a_rank_on_node_one_raises_its_own_exception_quickly() -> None:
     raised_at = info.value.args[0]
     assert time.time() - raised_at < 5.0, "the failure reached the caller within 5 s"
     assert info.value.serverless_gpu_rank == 2  # type: ignore[attr-defined]
-    assert "node_one_raises" in str(info.value.__cause__), "the rank's traceback is attached"
+    remote = str(info.value.__cause__)
+    assert "node_one_raises" in remote, "the rank's traceback is attached"
+    assert "rank_actor.py" not in remote and "worker.py" not in remote, "from the user's frame on"
+    out = capsys.readouterr().out
+    assert "serverless_gpu: rank 2 failed (NodeOneFailure: " in out, out
     assert leftovers() == ([], [])
 
 
