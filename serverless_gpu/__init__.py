@@ -67,12 +67,15 @@ __all__ = [
 
 
 def shutdown() -> None:
-    """Stop the launcher and every rank it started (also done automatically at exit)."""
+    """Stop the launcher and every rank it started (also done automatically at exit), and
+    the calls running on a Ray cluster."""
     from .backends.local import default_backend
+    from .backends.ray import stop_ray_calls
     from .decorator import join_prewarm
 
     join_prewarm()
     default_backend().shutdown()
+    stop_ray_calls()
 
 
 def load_ipython_extension(ipython: Any) -> None:

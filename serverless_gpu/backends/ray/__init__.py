@@ -1,7 +1,7 @@
 """The Ray backend (``remote=True``): ranks as Ray actors on a multi-node cluster, with the same
 results, failures and events as the local backend. Ray is imported only when a call uses it."""
 
-from .backend import RayBackend, ray_backend
+from .backend import RayBackend, ray_backend, stop_ray_calls
 from .connect import HOW_TO_CONNECT, cluster_placement, connect
 from .launch import RayLaunchFunction, launch_gpus, ray_launch
 
@@ -14,4 +14,5 @@ __all__ = [
     "launch_gpus",
     "ray_backend",
     "ray_launch",
+    "stop_ray_calls",
 ]

@@ -69,3 +69,11 @@ def ray_backend() -> RayBackend:
         if _default is None:
             _default = RayBackend()
         return _default
+
+
+def stop_ray_calls() -> None:
+    """Cancel every call running on Ray from this process (``serverless_gpu.shutdown``)."""
+    with _default_lock:
+        backend = _default
+    if backend is not None:
+        backend.shutdown()
