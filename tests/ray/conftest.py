@@ -5,6 +5,7 @@ lives on. This process is connected to it as the caller."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 # Before ray is imported: Ray then runs a multi-node cluster on one machine, on 127.0.0.1.
@@ -51,13 +53,14 @@ def _start_cluster() -> Cluster:
     """A head without CPUs and two worker nodes. A raylet exits when its dashboard agent takes
     more than a fixed 15 s to start, which happens on a 2-core machine busy with other work:
     then the whole cluster is started again."""
-    head = {
-        "num_cpus": 0,
-        "object_store_memory": 100 * 2**20,
-        "dashboard_port": _free_port(),
-        "include_dashboard": True,
-    }
     for attempt in range(_START_ATTEMPTS):
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        head = {
+            "num_cpus": 0,
+            "object_store_memory": 100 * 2**20,
+            "dashboard_port": _free_port(),
+            "include_dashboard": True,
+        }
         cluster = None
         try:
             cluster = Cluster(initialize_head=True, head_node_args=head)
@@ -68,9 +71,18 @@ def _start_cluster() -> Cluster:
         except Exception:
             if cluster is not None:
                 cluster.shutdown()
+            _kill_started_since(before)  # a node that failed to start is not the cluster's
             if attempt == _START_ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def _kill_started_since(before: set[int]) -> None:
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for proc in new:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(new, timeout=10)
 
 
 @pytest.fixture(scope="session")
