@@ -46,7 +46,7 @@ def _node_args() -> dict[str, Any]:
     return {"num_cpus": NODE_CPUS, "num_gpus": 2, "object_store_memory": 100 * 2**20}
 
 
-_START_ATTEMPTS = 3
+_START_ATTEMPTS = 4
 
 
 def _start_cluster() -> Cluster:

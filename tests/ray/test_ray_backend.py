@@ -181,3 +181,13 @@ def test_keyboard_interrupt_stops_every_rank_and_is_reraised(tmp_path: Path) -> 
     with pytest.raises(KeyboardInterrupt):
         fn.distributed()
     assert leftovers() == ([], [])
+
+
+def test_gpu_type_is_asked_of_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nodes' GPUs have no type Ray recognised: no H100 bundle can be placed."""
+    monkeypatch.setenv("SERVERLESS_GPU_RAY_RESERVE_TIMEOUT", "2")
+    fn = distributed(gpus=2, gpu_type="H100", remote=True, timeout=60)(ray_fns.sleep_forever)
+
+    with pytest.raises(DistributedError, match=r"accelerator_type:H100"):
+        fn.distributed()
+    assert leftovers() == ([], [])

@@ -30,11 +30,24 @@ class Reservation:
     """``NODE_RANK`` of each rank: nodes numbered in rank order."""
 
 
-def bundles(world_size: int, device: str, cpus_per_rank: float) -> list[dict[str, float]]:
+def bundles(
+    world_size: int, device: str, cpus_per_rank: float, accelerator: str | None = None
+) -> list[dict[str, float]]:
+    """One bundle per rank; ``accelerator`` (``"H100"``) asks for nodes whose GPUs Ray
+    recognised as that type (its ``accelerator_type:<type>`` node resource)."""
     one: dict[str, float] = {"CPU": cpus_per_rank}
     if device == "cuda":
         one["GPU"] = 1
+        if accelerator:
+            one[f"accelerator_type:{accelerator}"] = 0.001
     return [dict(one) for _ in range(world_size)]
+
+
+def ray_accelerator(gpu_type: str) -> str | None:
+    """Ray's name for a ``GPUType`` value (Ray calls the A10 ``A10G``); None for any GPU."""
+    if gpu_type in ("OTHER", "CPU"):
+        return None
+    return "A10G" if gpu_type == "A10" else gpu_type
 
 
 def reserve(
@@ -43,13 +56,14 @@ def reserve(
     cpus_per_rank: float,
     timeout: float,
     stop: Callable[[], str | None],
+    accelerator: str | None = None,
 ) -> Reservation:
     """Reserve the ranks' bundles, waiting at most ``timeout`` seconds (and not past ``stop()``
     returning a reason); the group is removed again on any failure."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    asked = bundles(world_size, device, cpus_per_rank)
+    asked = bundles(world_size, device, cpus_per_rank, accelerator)
     group = placement_group(asked, strategy="PACK")
     try:
         deadline = time.monotonic() + timeout

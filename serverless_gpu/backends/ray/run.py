@@ -11,11 +11,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
 from ... import settings
-from ...env import rank_env
 from ...errors import describe_failure
 from ...events import (
     OutputLines,
@@ -27,26 +25,12 @@ from ...events import (
 )
 from ...hooks import RunContext
 from ...serialization import dump_to_file
-from .placement import PlacementError, Reservation, _Stopped, reserve
+from .placement import PlacementError, Reservation, _Stopped, ray_accelerator, reserve
+from .ranks import LIVE, RayRank, rank_environment
 
 _SLICE_S = 0.1
 _CALL_S = 30.0
 """Bound on one control call to an actor (its answer, not the rank's work)."""
-
-
-_LIVE = (RankState.STARTING, RankState.RUNNING)
-
-
-@dataclass
-class _Rank:
-    rank: int
-    actor: Any = None
-    place: dict[str, Any] = field(default_factory=dict)
-    node_rank: int = 0
-    state: RankState = RankState.STARTING
-    summary: str = ""
-    result: Any = None
-    log: IO[bytes] | None = None
 
 
 class RayRun:
@@ -58,8 +42,9 @@ class RayRun:
         self.payload = payload
         self.push = push
         p = self.ctx.placement
-        self.ranks = [_Rank(r) for r in range(p.world_size)]
+        self.ranks = [RayRank(r) for r in range(p.world_size)]
         self.device = p.device
+        self.cpus = settings.RAY_CPUS_PER_RANK.read(self.spec.env)
         self.deadline = None if self.ctx.timeout is None else time.monotonic() + self.ctx.timeout
         self.cancel_reason: str | None = None
         self.failures: list[tuple[float, int, str]] = []
@@ -102,10 +87,13 @@ class RayRun:
     def _run(self) -> None:
         import ray
 
-        cpus = settings.RAY_CPUS_PER_RANK.read(self.spec.env)
+        cpus = self.cpus
         timeout = settings.RAY_RESERVE_TIMEOUT.read(self.spec.env)
         world = len(self.ranks)
-        self.reservation = reserve(world, self.device, cpus, timeout, self._stop_reason)
+        accelerator = ray_accelerator(self.ctx.placement.gpu_type.value)
+        self.reservation = reserve(
+            world, self.device, cpus, timeout, self._stop_reason, accelerator
+        )
         self.sink = _make_sink(ray)
         self._start_actors(ray, cpus)
         self._locate(ray)
@@ -115,11 +103,12 @@ class RayRun:
         pending = {}
         cwd, sys_path = self.spec.cwd, list(self.spec.sys_path)
         for r in self.ranks:
-            ref = r.actor.run.remote(payload, self._env(r), cwd, sys_path, self.ctx.name)
+            env = rank_environment(self.spec, self.ranks, r, self.cpus)
+            ref = r.actor.run.remote(payload, env, cwd, sys_path, self.ctx.name)
             pending[ref] = r
             r.state = RankState.RUNNING
             pid = r.place["pid"]
-            self.push(RankStarted(self.ctx.run_id, r.rank, pid, time.time(), _node_label(r)))
+            self.push(RankStarted(self.ctx.run_id, r.rank, pid, time.time(), r.label))
         self._watch(ray, pending)
         if not self.stopping:
             self._fetch_results(ray)
@@ -165,40 +154,7 @@ class RayRun:
             if self.stopping:
                 return
 
-    def _env(self, r: _Rank) -> dict[str, str]:
-        master = self.ranks[0].place
-        world = len(self.ranks)
-        local = [x for x in self.ranks if x.node_rank == r.node_rank]
-        env = rank_env(
-            self.spec.env,
-            rank=r.rank,
-            world_size=world,
-            master_port=int(master["port"]),
-            device=self.device,
-            run_id=self.ctx.run_id,
-            run_dir=str(self.ctx.run_dir),
-        )
-        env.update(
-            LOCAL_RANK=str(local.index(r)),
-            LOCAL_WORLD_SIZE=str(len(local)),
-            GROUP_RANK=str(r.node_rank),
-            NODE_RANK=str(r.node_rank),
-            MASTER_ADDR=str(master["ip"]),
-        )
-        if "OMP_NUM_THREADS" not in self.spec.env:
-            env["OMP_NUM_THREADS"] = str(settings.RAY_CPUS_PER_RANK.read(self.spec.env))
-        env.pop("CUDA_VISIBLE_DEVICES", None)  # the caller's GPUs are not the node's
-        if self.device == "cuda":
-            # Each rank sees every GPU Ray gave this call's ranks on its node, in local-rank
-            # order, so that cuda:LOCAL_RANK is its own GPU (as under torchrun) and NCCL sees
-            # its peers on the node.
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(x.place["gpu_ids"][0] for x in local)
-        loopback = str(master["ip"]).startswith("127.")
-        if not loopback and "GLOO_SOCKET_IFNAME" not in self.spec.env:
-            env.pop("GLOO_SOCKET_IFNAME", None)  # the loopback would not reach other nodes
-        return env
-
-    def _watch(self, ray: Any, pending: dict[Any, _Rank]) -> None:
+    def _watch(self, ray: Any, pending: dict[Any, RayRank]) -> None:
         while pending and not self.stopping:
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_SLICE_S)
             self._take_events()
@@ -208,7 +164,7 @@ class RayRun:
             if reason is not None:
                 self._stop(self._stop_status(), reason)
 
-    def _rank_ended(self, ray: Any, r: _Rank, ref: Any) -> None:
+    def _rank_ended(self, ray: Any, r: RayRank, ref: Any) -> None:
         try:
             outcome = ray.get(ref, timeout=_CALL_S)
         except ray.exceptions.RayActorError as exc:
@@ -228,7 +184,7 @@ class RayRun:
         self._rank_finished(r)
         self._stop(RunStatus.FAILED)
 
-    def _lost(self, ray: Any, r: _Rank, exc: BaseException) -> None:
+    def _lost(self, ray: Any, r: RayRank, exc: BaseException) -> None:
         """The rank's actor died under it: its node died, or its process was killed."""
         if self.stopping and r.state is not RankState.RUNNING:
             return
@@ -238,7 +194,7 @@ class RayRun:
         peers = [x.rank for x in self.ranks if x.node_rank == r.node_rank]
         if node and not _node_alive(ray, node):
             what = (
-                f"was lost with its node: node {r.node_rank} ({_node_label(r) or node}) died; "
+                f"was lost with its node: node {r.node_rank} ({r.label or node}) died; "
                 f"ranks {', '.join(map(str, peers))} ran there"
             )
         else:
@@ -271,7 +227,7 @@ class RayRun:
         if self.cancel_reason is not None:
             return self.cancel_reason
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            running = [r.rank for r in self.ranks if r.state in _LIVE]
+            running = [r.rank for r in self.ranks if r.state in LIVE]
             return (
                 f"exceeded its timeout of {self.ctx.timeout:g} s; ranks still running: "
                 + ", ".join(map(str, running))
@@ -336,14 +292,14 @@ class RayRun:
             data = "".join(p for p in event.lines if p.endswith(("\n", "\r")))
             log.write(data.encode("utf-8", "backslashreplace"))
 
-    def _rank_finished(self, r: _Rank) -> None:
+    def _rank_finished(self, r: RayRank) -> None:
         self.push(
             RankFinished(self.ctx.run_id, r.rank, r.state, None, None, time.time(), r.summary)
         )
 
     def _finish(self) -> None:
         for r in self.ranks:
-            if r.state in _LIVE:
+            if r.state in LIVE:
                 r.state = RankState.STOPPED
                 if r.actor is not None:
                     self._rank_finished(r)
@@ -374,8 +330,3 @@ def _make_sink(ray: Any) -> Any:
 
 def _node_alive(ray: Any, node_id: str) -> bool:
     return any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes())
-
-
-def _node_label(r: _Rank) -> str:
-    ip = r.place.get("ip")
-    return f"node {r.node_rank} ({ip})" if ip else f"node {r.node_rank}"
