@@ -24,8 +24,15 @@ class RayBackend:
 
     def submit(self, context: RunContext, payload: bytes) -> RunHandle[Any]:
         connect()
-        handle: RunHandle[Any] = RunHandle(context, lambda reason: run.cancel(reason))
+        runs: list[RayRun] = []
+
+        def cancel(reason: str, force: bool) -> None:
+            # Ray ranks are killed at once: stop_grace is not offered on Ray (docs/ray.md).
+            runs[0].cancel(reason)
+
+        handle: RunHandle[Any] = RunHandle(context, cancel)
         run = RayRun(context, payload, handle.push)
+        runs.append(run)
         handle.load_values = lambda: _values(run)
         with self._lock:
             self._runs = {k: v for k, v in self._runs.items() if v.thread.is_alive()}
