@@ -28,7 +28,7 @@ class RayRank:
     result: Any = None
     """The object reference of its return value."""
     log: IO[bytes] | None = None
-    """Its ``logs/rank_N.txt`` in the caller's run directory."""
+    """Its log in the caller's run directory (``RunPaths.log``)."""
 
     @property
     def label(self) -> str:
