@@ -19,6 +19,7 @@ from serverless_gpu import distributed
 def test_metrics_from_both_nodes_in_one_run(
     cluster: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # the store's artifacts (./mlruns) land here, not in the repo
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "ray-test")
