@@ -238,9 +238,10 @@ INTERNAL = (
     "SERVERLESS_GPU_MLFLOW_RUN_ID",
     "SERVERLESS_GPU_MLFLOW_ARTIFACT_URI",
     "SERVERLESS_GPU_RAY_LAUNCH_GPUS",
+    "SERVERLESS_GPU_ATTEMPT",
 )
 """Set by the library in each rank's environment (``env.py``, ``tracking/``,
-``backends/ray/launch.py``); not settings."""
+``backends/ray/launch.py``, ``stop.py``); not settings."""
 
 
 def check(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
