@@ -27,7 +27,7 @@ fi
 .venv/bin/mypy
 # The other test folders each have a conftest.py (one module name), so each is checked alone.
 for dir in tests/conftest.py tests/cli tests/data tests/jupyter tests/tracking tests/trainers \
-  tests/benchmarks tests/notebooks; do
+  tests/benchmarks tests/notebooks tests/ray; do
   .venv/bin/mypy "$dir"
 done
 # Notebooks are stored without outputs or execution counts (tests/notebooks executes them).

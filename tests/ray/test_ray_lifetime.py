@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -69,7 +70,7 @@ def test_no_cluster_is_a_configuration_error_before_anything_starts(tmp_path: Pa
 
 
 @pytest.mark.parametrize("options", [{"backend": "ray"}, {"remote": True}])
-def test_backend_ray_is_the_same_as_remote(options: dict[str, object]) -> None:
+def test_backend_ray_is_the_same_as_remote(options: dict[str, Any]) -> None:
     from serverless_gpu import distributed
     from serverless_gpu.backends.ray import RayBackend
 

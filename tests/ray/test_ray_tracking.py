@@ -31,7 +31,9 @@ def test_metrics_from_both_nodes_in_one_run(
 
     assert list(out) == [0, 0, 1, 1]
     client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("ray-test").experiment_id])
+    experiment = client.get_experiment_by_name("ray-test")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
     assert [r.info.run_id for r in runs] == [out.metadata["mlflow_run_id"]], "one run per call"
     run = runs[0]
     assert run.info.status == "FINISHED"
