@@ -22,7 +22,10 @@ if TYPE_CHECKING:
 class RunStatus(str, enum.Enum):
     """Lifecycle of a whole run."""
 
+    QUEUED = "queued"
+    """Waiting for devices: other runs of this caller hold them (``allocation.py``)."""
     PENDING = "pending"
+    """Its devices are allocated and its ranks are starting (shown as "starting")."""
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -31,7 +34,7 @@ class RunStatus(str, enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self not in (RunStatus.PENDING, RunStatus.RUNNING)
+        return self not in (RunStatus.QUEUED, RunStatus.PENDING, RunStatus.RUNNING)
 
 
 class RankState(str, enum.Enum):
@@ -90,6 +93,26 @@ class RunStarted:
             spec.timeout,
             time,
         )
+
+
+@dataclass(frozen=True)
+class RunQueued:
+    """Too few devices are free: the run waits in the launcher's queue."""
+
+    run_id: str
+    ahead: int
+    """Runs waiting before this one."""
+    time: float
+
+
+@dataclass(frozen=True)
+class RunScheduled:
+    """The run got its devices; its ranks are being started on them."""
+
+    run_id: str
+    devices: tuple[str, ...]
+    """GPU entries (as ``CUDA_VISIBLE_DEVICES`` names them) or CPU slot numbers."""
+    time: float
 
 
 @dataclass(frozen=True)
@@ -191,6 +214,8 @@ class RanksSilent:
 
 Event = (
     RunStarted
+    | RunQueued
+    | RunScheduled
     | RankStarted
     | OutputLines
     | RankFinished

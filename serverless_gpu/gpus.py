@@ -124,6 +124,15 @@ def _gpu_names(spec: str | None) -> tuple[str, ...]:
         return tuple(_decode(nvml.nvmlDeviceGetName(h)) for h in handles)
 
 
+def visible_device_ids(cuda_visible: str | None) -> tuple[str, ...]:
+    """The GPUs a process with this CUDA_VISIBLE_DEVICES may use, as entries of that variable
+    (its own entries when set, else ordinals), in CUDA ordinal order; read through NVML."""
+    count = len(_gpu_names(cuda_visible))
+    if cuda_visible is None:
+        return tuple(str(i) for i in range(count))
+    return tuple(s.strip() for s in cuda_visible.split(","))[:count]
+
+
 def _decode(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 

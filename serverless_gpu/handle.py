@@ -21,6 +21,8 @@ from .events import (
     RankFinished,
     RankStarted,
     RunFinished,
+    RunQueued,
+    RunScheduled,
     RunStarted,
     RunStatus,
     Subscriber,
@@ -36,7 +38,23 @@ _SLICE_S = 0.05
 
 
 class RunHandle(Generic[R]):
-    """A started run. ``wait`` pumps its events; ``result`` returns values or raises."""
+    """A run started with ``fn.start(...)``: it goes on while the caller does other things.
+
+    * ``result(timeout=None)``: the ranks' return values (a :class:`RunResult`), or the
+      root-cause exception raised; :class:`WaitTimeoutError` if ``timeout`` seconds pass first
+      (the run goes on).
+    * ``wait(timeout=None)``: True once the run has ended, False if ``timeout`` passed first.
+    * ``done()``: whether it has ended, without waiting.
+    * ``cancel()``: stop it (a queued run leaves the queue); returns at once; see its own
+      docstring for ``stop_grace`` and ``force``.
+    * ``status``: a :class:`RunStatus`: ``queued`` (waiting for devices other runs hold),
+      ``pending`` (read "starting": devices allocated, ranks starting), ``running``,
+      ``succeeded``, ``failed``, ``timed_out``, ``cancelled``.
+    * ``devices``: the devices it was allocated (GPU entries or CPU slots), once it starts.
+    * ``run_dir``, ``links`` (``links["mlflow"]`` when tracked), ``logs(rank)``.
+
+    Events are dispatched to subscribers by whichever thread waits on (or polls) the handle.
+    """
 
     def __init__(
         self,
@@ -48,6 +66,8 @@ class RunHandle(Generic[R]):
         self.run_id = ctx.run_id
         self.run_dir = ctx.run_dir
         self.status = RunStatus.PENDING
+        self.devices: tuple[str, ...] = ()
+        """The devices the launcher allocated to the run (empty while queued)."""
         self.ranks: dict[int, RankFinished] = {}
         self.finished: RunFinished | None = None
         self._cancel = cancel
@@ -109,7 +129,21 @@ class RunHandle(Generic[R]):
             self._dispatch(warning)
 
     def done(self) -> bool:
+        """Whether the run has ended (its result or failure is final); never waits."""
         return self.poll()
+
+    @property
+    def links(self) -> dict[str, str]:
+        """Where to look at the run (``"mlflow"``: its MLflow page, when tracked)."""
+        return self.context.links
+
+    def logs(self, rank: int = 0) -> str:
+        """What rank ``rank`` wrote to stdout and stderr so far (its log file)."""
+        path = self.context.paths.log(rank)
+        try:
+            return path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
 
     def cancel(self, reason: str = "cancelled by the user", *, force: bool = False) -> None:
         """Stop the run; returns at once. With ``stop_grace`` the first cancel asks the ranks
@@ -165,7 +199,13 @@ class RunHandle(Generic[R]):
             self.status = event.status
             if event.status is not RunStatus.SUCCEEDED:
                 _drop_bulk_files(self.context)  # no results to load; nobody may ask for them
-        elif self.status is RunStatus.PENDING:
+        elif isinstance(event, RunQueued):
+            self.status = RunStatus.QUEUED
+        elif isinstance(event, RunScheduled):
+            self.status = RunStatus.PENDING
+            self.devices = event.devices
+            self.context.metadata["devices"] = event.devices
+        elif self.status is RunStatus.PENDING and isinstance(event, RankStarted | OutputLines):
             self.status = RunStatus.RUNNING
         for subscriber in self._subscribers:
             subscriber(event)

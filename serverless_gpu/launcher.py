@@ -31,9 +31,11 @@ from typing import Any
 
 import psutil
 
+from .allocation import Allocator, devices_of
 from .channel import Channel, Undecodable
 from .env import free_port
-from .events import RunFinished, RunStatus
+from .events import RunFinished, RunQueued, RunScheduled, RunStatus
+from .gpus import visible_device_ids
 from .launcher_log import log, log_exception
 from .lifetime import (
     become_subreaper,
@@ -93,6 +95,7 @@ class LauncherLoop:
         self.warm_shapes: dict[tuple[str, int], None] = {}
         """(device, world size) asked for by Prewarm, least recently used first."""
         self.preload: set[str] = set()
+        self.allocator = Allocator()
         self.results_dirs: deque[Path] = deque(maxlen=256)
         """tmpfs folders of this caller's runs: deleted at shutdown in case the caller died
         before it could (the caller deletes each once it has loaded the results)."""
@@ -194,6 +197,8 @@ class LauncherLoop:
             run = self.runs.get(message.run_id)
             if run is not None:
                 run.cancel(message.reason, message.force)
+            elif self.allocator.dequeue(message.run_id) is not None:
+                self._end_queued(message.run_id, message.reason)
         elif isinstance(message, TakeStacks):
             run = self.runs.get(message.run_id)
             if run is not None:
@@ -209,8 +214,40 @@ class LauncherLoop:
         self._use_shape((spec.device, spec.world_size), add=spec.config.standby)
         if spec.paths.results_dir is not None:
             self.results_dirs.append(spec.paths.results_dir)
+        admitted = self.allocator.admit(spec)
+        if admitted is None:
+            self.emit(RunQueued(spec.run_id, self.allocator.position(spec), time.time()))
+            return
+        self._launch(admitted)
+
+    def _end_queued(self, run_id: str, reason: str) -> None:
+        """A run that never left the queue ends as cancelled: it has no ranks to stop."""
+        self.emit(RunFinished(run_id, RunStatus.CANCELLED, None, reason, (), time.time()))
+
+    def _start_queued(self, ended_run_id: str) -> None:
+        """Free the devices of a run that ended (or never started); start who can now."""
+        for spec in self.allocator.release(ended_run_id):
+            try:
+                self._launch(spec)
+            except Exception as exc:
+                text = str(exc) if isinstance(exc, StartFailed) else repr(exc)
+                log_exception(text)
+                self.emit(RunFinished(spec.run_id, RunStatus.FAILED, None, text, (), time.time()))
+                self.allocator.release(spec.run_id)  # the next run waits for a run's end
+
+    def _launch(self, spec: RunSpec) -> None:
+        """Start a run on the devices in its spec; they are freed if it cannot start."""
+        try:
+            self._launch_on_devices(spec)
+        except BaseException:
+            if spec.run_id not in self.runs:
+                self.allocator.release(spec.run_id)
+            raise
+
+    def _launch_on_devices(self, spec: RunSpec) -> None:
+        self.emit(RunScheduled(spec.run_id, devices_of(spec), time.time()))
         taken = {r.master_port for r in self.runs.values()}
-        ranks = self._take_standby(spec.device, spec.world_size, spec.env)
+        ranks = self._take_standby(spec)
         # Standby ranks of other shapes would sit on the GPUs (or cores) this call uses; they
         # are made again once no call runs.
         for key in [key for key in self.standby if key[0] == spec.device]:
@@ -262,7 +299,7 @@ class LauncherLoop:
     def _refill_standby(self) -> None:
         """Standby ranks for every shape asked for, made only while no call runs: during a
         call they would hold a CUDA context (and CPU time) on the GPUs the call is using."""
-        if not self.running or self.runs:
+        if not self.running or self.runs or self.allocator.busy():
             return
         try:
             self._make_standby()
@@ -282,15 +319,17 @@ class LauncherLoop:
                 except StartFailed as exc:  # calls fork their own ranks; say why there are none
                     log(f"no standby ranks: {exc}")
 
-    def _take_standby(
-        self, device: str, world_size: int, env: dict[str, str]
-    ) -> list[RankProcess] | None:
+    def _take_standby(self, spec: RunSpec) -> list[RankProcess] | None:
+        device, world_size = spec.device, spec.world_size
         ranks = self.standby.pop((device, world_size), None)
         if ranks is None:
             return None
-        # Contexts made for other devices are useless for this call; a dead rank spoils the set.
-        other_devices = device == "cuda" and env.get("CUDA_VISIBLE_DEVICES") != os.environ.get(
-            "CUDA_VISIBLE_DEVICES"
+        # Standby contexts were made on the first GPUs of the launcher's own view: useless for
+        # a call allocated others (or seeing others); a dead rank spoils the set.
+        other_devices = (
+            device == "cuda"
+            and devices_of(spec)
+            != visible_device_ids(os.environ.get("CUDA_VISIBLE_DEVICES"))[:world_size]
         )
         if other_devices or not all(r.alive() for r in ranks):
             self._retire(ranks)
@@ -321,6 +360,10 @@ class LauncherLoop:
     def _close_run(self, run: RunSupervisor) -> None:
         run.close()
         del self.runs[run.spec.run_id]
+        if self.running:
+            self._start_queued(run.spec.run_id)
+        else:
+            self.allocator.release(run.spec.run_id)
         if not self.runs:
             self._kill_adopted()
         self._refill_standby()
@@ -367,6 +410,8 @@ class LauncherLoop:
         self.emit(Exiting())  # new calls go to a fresh launcher from now on
         for run in self.runs.values():
             run.cancel("the launcher is shutting down", force=True)
+        while self.allocator.queue:
+            self._end_queued(self.allocator.queue.popleft().run_id, "the launcher is shutting down")
         pids = self.all_pids()
         terminate_groups(pids, 1.0, reap=self._reap_all)
         reaped_by = time.monotonic() + _REAP_AT_EXIT_S

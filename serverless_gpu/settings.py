@@ -125,6 +125,14 @@ CPU_RANKS = Variable(
     _int_between(1, MAX_CPU_RANKS),
     "Ranks of a ``gpus=None`` call in CPU mode.",
 )
+CPU_SLOTS = Variable(
+    "SERVERLESS_GPU_CPU_SLOTS",
+    max(2, os.cpu_count() or 1),
+    _int_between(1, MAX_CPU_RANKS),
+    "Virtual devices CPU-mode runs are allocated from, as GPUs are on a GPU machine: calls "
+    "running at once share them, and a call that finds too few free waits in a queue "
+    "(default: the core count, at least 2).",
+)
 MAX_PAYLOAD_MB = Variable(
     "SERVERLESS_GPU_MAX_PAYLOAD_MB",
     100.0,
@@ -213,6 +221,7 @@ RAY_CPUS_PER_RANK = Variable(
 USER_SETTINGS: tuple[Variable[Any], ...] = (
     DEVICE_TYPE,
     CPU_RANKS,
+    CPU_SLOTS,
     MAX_PAYLOAD_MB,
     RUNS_DIR,
     RESULTS_DIR,
@@ -234,6 +243,7 @@ INTERNAL = (
     "SERVERLESS_GPU_DEVICE",
     "SERVERLESS_GPU_RUN_ID",
     "SERVERLESS_GPU_RUN_DIR",
+    "SERVERLESS_GPU_DEVICES",
     "SERVERLESS_GPU_RANK_INIT",
     "SERVERLESS_GPU_MLFLOW_RUN_ID",
     "SERVERLESS_GPU_MLFLOW_ARTIFACT_URI",

@@ -25,7 +25,7 @@ import serverless_gpu
 
 from ..env import METRICS_INTERVAL_ENV
 from ..errors import DistributedError, LauncherError
-from ..events import RunFinished, RunStatus
+from ..events import RunFinished, RunQueued, RunScheduled, RunStatus
 from ..gpus import Placement
 from ..handle import RunHandle
 from ..hooks import RunContext
@@ -229,7 +229,11 @@ class LocalBackend:
         if handle is None:
             return
         handle.push(event)
-        if isinstance(event, RunFinished):
+        if isinstance(event, RunQueued):  # its timeout counts from its start, not its wait
+            self._stop_watchdog(event.run_id)
+        elif isinstance(event, RunScheduled) and event.run_id not in self._watchdogs:
+            self._start_watchdog(handle.context.spec)
+        elif isinstance(event, RunFinished):
             self._handles.pop(event.run_id, None)
             self._resent.discard(event.run_id)
             self._run_over(event.run_id)
@@ -255,6 +259,9 @@ class LocalBackend:
         sampler = self._samplers.pop(run_id, None)
         if sampler is not None:
             sampler.stop()
+        self._stop_watchdog(run_id)
+
+    def _stop_watchdog(self, run_id: str) -> None:
         watchdog = self._watchdogs.pop(run_id, None)
         if watchdog is not None:
             watchdog.cancel()
