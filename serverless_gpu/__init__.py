@@ -12,6 +12,7 @@ from typing import Any
 
 from . import runrecord as _runrecord  # noqa: F401 - registers the run.json hook
 from .backends.ray import ray_launch
+from .completion import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, as_completed, wait
 from .decorator import DistributedConfig, DistributedFunction, distributed, warm_up
 from .errors import (
     CancelledError,
@@ -26,7 +27,9 @@ from .errors import (
     UsageError,
     WaitTimeoutError,
 )
+from .events import RunStatus
 from .gpus import GPUType
+from .handle import RunHandle
 from .results import RunResult
 from .runtime import (
     get_global_rank,
@@ -35,10 +38,14 @@ from .runtime import (
     get_node_rank,
     get_world_size,
 )
+from .sweep import sweep
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ALL_COMPLETED",
+    "FIRST_COMPLETED",
+    "FIRST_EXCEPTION",
     "CancelledError",
     "ConfigurationError",
     "DistributedConfig",
@@ -49,11 +56,14 @@ __all__ = [
     "GPUType",
     "RankFailedError",
     "RemoteError",
+    "RunHandle",
     "RunResult",
+    "RunStatus",
     "SerializationError",
     "StorageError",
     "UsageError",
     "WaitTimeoutError",
+    "as_completed",
     "distributed",
     "get_global_rank",
     "get_local_rank",
@@ -62,6 +72,8 @@ __all__ = [
     "get_world_size",
     "ray_launch",
     "shutdown",
+    "sweep",
+    "wait",
     "warm_up",
 ]
 

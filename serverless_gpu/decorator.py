@@ -9,7 +9,7 @@ import inspect
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
@@ -46,6 +46,7 @@ from .runpaths import RunPaths
 from .runspec import RunSpec
 from .serialization import dump_payload, max_payload_bytes
 from .stop import ATTEMPT_ENV
+from .trials import trial_arguments, trial_params
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -162,11 +163,29 @@ class DistributedFunction(Generic[P, R]):
                 handle.wait(_INTERRUPT_WAIT_S)
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> RunHandle[R]:
-        """Start the ranks and return at once (provisional API; ``.distributed`` builds on it).
-        One attempt: ``max_retries`` is ``.distributed``'s."""
+        """Start the ranks and return at once: a :class:`RunHandle` (``result()``,
+        ``cancel()``, ``status`` ...). Runs started at once get disjoint devices; one that
+        finds too few free waits in a queue (status ``queued``) until others end. One
+        attempt: ``max_retries`` is ``.distributed``'s."""
         return self._start(Call(), *args, **kwargs)
 
+    def map(self, items: Iterable[Any]) -> list[RunHandle[R]]:
+        """Start one run per item (a dict of keyword arguments, a tuple of positional ones, or
+        a single argument) and return their handles in item order, at once."""
+        return [self.start_trial(i, item) for i, item in enumerate(items)]
+
+    def start_trial(self, trial: int, item: Any) -> RunHandle[R]:
+        """Start item number ``trial`` of a sweep (``map``, ``sweep``): its arguments become
+        the run's ``params``."""
+        args, kwargs = trial_arguments(item)
+        return self._start_with(Call(), args, kwargs, trial)
+
     def _start(self, call: Call, *args: Any, **kwargs: Any) -> RunHandle[R]:
+        return self._start_with(call, args, kwargs)
+
+    def _start_with(
+        self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], trial: int | None = None
+    ) -> RunHandle[R]:
         cfg = self.config
         settings.check()  # before anything exists: no run directory, MLflow run or launcher
         cwd = _working_directory()
@@ -180,6 +199,8 @@ class DistributedFunction(Generic[P, R]):
         paths = RunPaths(run_dir, results_dir)
         ctx = RunContext(RunSpec(run_id, name, placement, paths, cfg), call=call)
         ctx.env[ATTEMPT_ENV] = str(call.attempt)
+        if trial is not None:
+            ctx.metadata.update(trial=trial, params=trial_params(args, kwargs))
         subscribers = run_hooks(ctx)
         if not ctx.display_claimed:
             subscribers.insert(0, ConsolePrinter(cfg.output))

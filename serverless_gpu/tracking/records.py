@@ -31,6 +31,7 @@ CALLER_EXITED = "the calling process exited during the run"
 def run_params(ctx: RunContext) -> dict[str, str]:
     gpus = ctx.config.gpus
     return {
+        **ctx.metadata.get("params", {}),  # a sweep's trial: its arguments, for compare views
         PREFIX + "gpus": "all" if gpus is None else str(gpus),
         PREFIX + "gpu_type": ctx.placement.gpu_type.value,
         PREFIX + "world_size": str(ctx.placement.world_size),

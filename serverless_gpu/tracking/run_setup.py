@@ -36,7 +36,9 @@ class MlflowRun:
 
 
 def run_name(ctx: RunContext) -> str:
-    return ctx.config.run_name or ctx.name.rsplit(".", 1)[-1]
+    name = ctx.config.run_name or ctx.name.rsplit(".", 1)[-1]
+    trial = ctx.metadata.get("trial")
+    return name if trial is None else f"{name} trial {trial}"
 
 
 def open_run(ctx: RunContext, client: MlflowClient, uri: str, parent: Run | None) -> MlflowRun:

@@ -1,0 +1,42 @@
+"""A sweep is one parent MLflow run with one child run per trial, params = its arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mlflow import MlflowClient
+from mlflow.entities import Run
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+import serverless_gpu
+from serverless_gpu import distributed
+
+
+@distributed(gpus=1, gpu_type="cpu", standby=False, timeout=120)
+def trial(lr: float, layers: int = 1) -> float:
+    if lr < 0:
+        raise ValueError("negative learning rate")
+    return lr * layers
+
+
+def test_sweep_is_a_parent_run_with_a_child_per_trial(
+    embedded: MlflowClient, experiment_runs: Callable[[MlflowClient], list[Run]]
+) -> None:
+    items = [{"lr": 0.1, "layers": 2}, {"lr": -1.0}]
+    outcomes = serverless_gpu.sweep(trial, items, timeout=120)
+    assert isinstance(outcomes[1], ValueError)
+    runs = experiment_runs(embedded)
+    parents = [r for r in runs if MLFLOW_PARENT_RUN_ID not in r.data.tags]
+    children = [r for r in runs if MLFLOW_PARENT_RUN_ID in r.data.tags]
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.info.run_name == "trial sweep"
+    assert parent.data.metrics["trials_failed"] == 1
+    assert {c.data.tags[MLFLOW_PARENT_RUN_ID] for c in children} == {parent.info.run_id}
+    by_name = {c.info.run_name: c for c in children}
+    assert by_name["trial trial 0"].data.params["lr"] == "0.1"
+    assert by_name["trial trial 0"].data.params["layers"] == "2"
+    assert by_name["trial trial 0"].info.status == "FINISHED"
+    assert by_name["trial trial 1"].data.params["lr"] == "-1.0"
+    assert by_name["trial trial 1"].info.status == "FAILED"
+    assert outcomes[0].links["mlflow"].endswith(by_name["trial trial 0"].info.run_id)
