@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from .events import Event, RunFinished
+from .events import Event, RunFinished, RunScheduled
 from .hooks import RunContext, register_hook
 from .rundirs import runs_root
 from .runpaths import MARKER, RUN_NAME, RunPaths
@@ -48,6 +48,7 @@ def record_hook(ctx: RunContext) -> RunRecorder:
         "message": "",
         "caller": {"pid": me.pid, "create_time": me.create_time()},
         "links": dict(ctx.links),
+        "params": dict(ctx.metadata.get("params", {})),
         "mlflow": {
             key[len("mlflow_") :]: value
             for key, value in ctx.metadata.items()
@@ -69,7 +70,9 @@ class RunRecorder:
         update_record(self.run_dir, fields)
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, RunFinished):
+        if isinstance(event, RunScheduled):  # the devices the launcher allocated to the run
+            self.update({"devices": list(event.devices)})
+        elif isinstance(event, RunFinished):
             self.update(
                 {
                     "status": event.status.value,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -49,6 +50,8 @@ def test_two_runs_overlap_on_disjoint_devices() -> None:
     # The allocation is in the handle and in the result's metadata, as the ranks saw it.
     assert first.devices == (d1,) and second.devices == (d2,)
     assert first.result().metadata["devices"] == (d1,)
+    record = json.loads(first.context.paths.record.read_text())
+    assert record["devices"] == [d1]
 
 
 def test_third_run_waits_queued_then_starts_when_one_ends() -> None:
