@@ -57,7 +57,12 @@ def render_run(ctx: RunContext) -> Renderer | None:
         try:
             from .widget import WidgetRenderer
 
-            renderer = WidgetRenderer(ctx, shell)
+            trial = "trial" in ctx.metadata  # fn.map / a sweep: one table for the cell's runs
+            renderer = WidgetRenderer(ctx, shell, show=not trial)
+            if trial:
+                _table_for(shell).add(ctx, renderer.widget)
+            else:
+                _unwaited.append(ctx)
         except Exception as exc:  # a display problem must not stop the run: show it as text
             print(f"serverless_gpu: no run widget ({type(exc).__name__}: {exc})")
     ctx.display_claimed = True
@@ -66,6 +71,36 @@ def render_run(ctx: RunContext) -> Renderer | None:
     while len(_recent) > _KEEP_RECENT:
         _recent.popitem(last=False)
     return renderer
+
+
+_tables: dict[int, Any] = {}
+"""The run table of each recent cell that started trials, by execution count."""
+_unwaited: list[RunContext] = []
+"""Runs drawn since the last cell ended: the ones still going then are followed."""
+
+
+def _table_for(shell: Any) -> Any:
+    from .run_table import RunTable
+
+    cell = _cell_count(shell)
+    table = _tables.get(cell)
+    if table is None:
+        table = _tables[cell] = RunTable()
+        while len(_tables) > _KEEP_RECENT:
+            _tables.pop(next(iter(_tables)))
+    table.follow()
+    return table
+
+
+def follow_unfinished(*_: Any) -> None:
+    """``post_run_cell``: a run the cell started and did not wait for (``fn.start()``) keeps its
+    widget updating from a background poll."""
+    from .run_table import follow_handle
+
+    while _unwaited:
+        handle = _unwaited.pop().handle
+        if handle is not None and not handle.done():
+            follow_handle(handle)
 
 
 def hooks_done(ctx: RunContext) -> None:

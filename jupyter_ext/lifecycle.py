@@ -9,11 +9,19 @@ ranks, and the ranks die with the launcher.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from serverless_gpu.hooks import register_hook, unregister_hook
 
-from .hook import HOOKS_DONE_ORDER, RENDER_HOOK_ORDER, hooks_done, render_run, widgets_wanted
+from .hook import (
+    HOOKS_DONE_ORDER,
+    RENDER_HOOK_ORDER,
+    follow_unfinished,
+    hooks_done,
+    render_run,
+    widgets_wanted,
+)
 from .magics import DistributedMagics
 from .tracebacks import ExceptionDisplay
 
@@ -32,6 +40,7 @@ class _Loaded:
         register_hook(render_run, order=RENDER_HOOK_ORDER)
         register_hook(hooks_done, order=HOOKS_DONE_ORDER)
         self.shell.observe(_stop_on_exit, names="exit_now")
+        self.shell.events.register("post_run_cell", follow_unfinished)
         self.exceptions.install()
 
     def uninstall(self) -> None:
@@ -39,6 +48,8 @@ class _Loaded:
         unregister_hook(render_run)
         unregister_hook(hooks_done)
         self.shell.unobserve(_stop_on_exit, names="exit_now")
+        with contextlib.suppress(ValueError):
+            self.shell.events.unregister("post_run_cell", follow_unfinished)
         cell_magics = self.shell.magics_manager.magics.get("cell", {})
         for name in _MAGIC_NAMES:
             cell_magics.pop(name, None)

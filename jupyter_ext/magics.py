@@ -18,7 +18,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import magic_arguments
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from serverless_gpu import (
     ConfigurationError,
@@ -59,6 +59,12 @@ class DistributedMagics(Magics):
     @magic_args.placement_arguments
     @magic_args.run_arguments
     @magic_args.result_arguments
+    @argument(
+        "--async",
+        dest="run_async",
+        action="store_true",
+        help="Return at once; --out binds the run's handle (h.result(), h.cancel(), h.status).",
+    )
     def distributed(self, line: str, cell: str) -> RunResult[Any] | None:
         """Run this cell once per rank (one process per GPU) and return every rank's value.
 
@@ -86,6 +92,8 @@ class DistributedMagics(Magics):
         except SyntaxError as exc:
             raise CellSyntaxError(exc, label) from None
         function: DistributedFunction[[], Any] = DistributedFunction(cell_function, config)
+        if args.run_async:
+            return self._start(function, args.out, label)
         try:
             result = function.distributed()
         except Exception as exc:
@@ -111,6 +119,23 @@ class DistributedMagics(Magics):
             return
         found = ctx.stacks() or stacks.load_saved(ctx.paths, ctx.placement.world_size)
         print(stacks_text(ctx.name, found))
+
+    def _start(self, function: DistributedFunction[[], Any], out: str | None, label: Any) -> None:
+        """``--async``: start the run and return; its widget goes on updating in the
+        background, and ``--out`` binds its handle."""
+        shell = self.shell
+        assert shell is not None
+        try:
+            handle = function.start()
+        except Exception as exc:
+            abandon_unstarted(shell, exc)
+            _show_without_local_frames(exc, label)
+            raise
+        if out:
+            shell.user_ns[out] = handle
+        from .run_table import follow_handle
+
+        follow_handle(handle)
 
     def _config(self, args: Any) -> DistributedConfig:
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import shutil
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -83,8 +84,12 @@ class RunHandle(Generic[R]):
         """Where the backend keeps the ranks' values itself (Ray's object store); None: the
         result files of the run."""
         self.idle_callbacks = ctx.idle_callbacks
+        self._dispatching = threading.RLock()
+        """Events go to subscribers in one thread at a time, in order: the caller's waiting
+        thread, or a notebook's background poll once the cell has returned."""
         ctx.set_canceller(self.cancel)
         ctx.set_stacks_taker(self.stacks)
+        ctx.handle = self
         self.push(RunStarted.of(ctx.spec, time.time()))
 
     # -- feeding (backend thread) ----------------------------------------------------------
@@ -99,12 +104,13 @@ class RunHandle(Generic[R]):
 
     def poll(self) -> bool:
         """Dispatch every queued event; True once the run has finished."""
-        while self.finished is None:
-            try:
-                event = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            self._dispatch(event)
+        with self._dispatching:
+            while self.finished is None:
+                try:
+                    event = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                self._dispatch(event)
         return self.finished is not None
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -114,11 +120,12 @@ class RunHandle(Generic[R]):
             remaining = _SLICE_S if deadline is None else min(_SLICE_S, deadline - time.monotonic())
             if remaining <= 0:
                 return False
-            try:
-                self._dispatch(self._queue.get(timeout=remaining))
-            except queue.Empty:
-                pass
-            self._check_hangs()
+            with self._dispatching:
+                try:
+                    self._dispatch(self._queue.get(timeout=remaining))
+                except queue.Empty:
+                    pass
+                self._check_hangs()
             for callback in self.idle_callbacks:
                 callback()
         return True

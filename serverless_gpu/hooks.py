@@ -48,6 +48,8 @@ class RunContext:
     call: Call | None = None
     """The ``.distributed()`` call this run is an attempt of (``call.attempt``); hooks keep
     per-call state there (``call.state``, ``call.on_end``)."""
+    handle: Any = field(default=None, repr=False)
+    """The run's ``RunHandle`` once it is submitted (a notebook table follows it from there)."""
     _canceller: Callable[..., None] | None = field(default=None, repr=False)
     _stacks_taker: Callable[[], dict[int, str]] | None = field(default=None, repr=False)
 
