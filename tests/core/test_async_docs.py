@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ def test_optuna_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     text = DOC.read_text()
     code = re.search(r"<!-- example: optuna -->\n```python\n(.*?)```", text, re.S)
     assert code is not None
-    namespace = {"__name__": "__main__"}
+    namespace: dict[str, Any] = {"__name__": "__main__"}
     exec(compile(code.group(1), str(DOC), "exec"), namespace)
     study = namespace["study"]
     assert len(study.trials) == 4
