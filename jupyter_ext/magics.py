@@ -93,7 +93,8 @@ class DistributedMagics(Magics):
             raise CellSyntaxError(exc, label) from None
         function: DistributedFunction[[], Any] = DistributedFunction(cell_function, config)
         if args.run_async:
-            return self._start(function, args.out, label)
+            self._start(function, args.out, label)
+            return None
         try:
             result = function.distributed()
         except Exception as exc:
