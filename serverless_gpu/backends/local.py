@@ -41,6 +41,11 @@ _SHUTDOWN_WAIT_S = 3.0
 OVERDUE_MARGIN_S = 15.0
 """A run still going this long after its timeout and grace means the launcher is stuck
 (stopped, or a fault of ours): the caller kills it rather than wait forever."""
+REACH_MARGIN_S = 120.0
+"""Added to the watchdog's allowance until the launcher schedules the run: a fresh launcher
+imports torch, a prewarm may ask it to import more, forks are slow on a loaded machine. None of
+that is the call's time; from ``RunScheduled`` on only the timeout, the grace and
+``OVERDUE_MARGIN_S`` count."""
 
 
 class _Gone(Exception):
@@ -231,7 +236,8 @@ class LocalBackend:
         handle.push(event)
         if isinstance(event, RunQueued):  # its timeout counts from its start, not its wait
             self._stop_watchdog(event.run_id)
-        elif isinstance(event, RunScheduled) and event.run_id not in self._watchdogs:
+        elif isinstance(event, RunScheduled):  # the run's own time starts now
+            self._stop_watchdog(event.run_id)
             self._start_watchdog(handle.context.spec)
         elif isinstance(event, RunFinished):
             self._handles.pop(event.run_id, None)
@@ -266,18 +272,19 @@ class LocalBackend:
         if watchdog is not None:
             watchdog.cancel()
 
-    def _start_watchdog(self, spec: RunSpec) -> None:
+    def _start_watchdog(self, spec: RunSpec, reach: float = 0.0) -> None:
         if spec.timeout is None:
             return
         stopping = CAPTURE_S + float(spec.config.stop_grace)
-        after = spec.timeout + stopping + spec.grace + OVERDUE_MARGIN_S
-        watchdog = threading.Timer(after, self._overdue, (spec.run_id, after))
+        after = reach + spec.timeout + stopping + spec.grace + OVERDUE_MARGIN_S
+        when = f"{after:g} s after it {'was sent' if reach else 'started'}"
+        watchdog = threading.Timer(after, self._overdue, (spec.run_id, when))
         watchdog.daemon = True
         watchdog.name = "serverless-gpu-watchdog"
         self._watchdogs[spec.run_id] = watchdog
         watchdog.start()
 
-    def _overdue(self, run_id: str, after: float) -> None:
+    def _overdue(self, run_id: str, when: str) -> None:
         """The launcher did not end a run long after its timeout: it is stuck. Killing it ends
         its runs with this reason, its ranks by their parent-death signal and what they
         started through their process groups."""
@@ -287,7 +294,7 @@ class LocalBackend:
         with launcher.state_lock:
             holds = run_id in launcher.runs or run_id in launcher.unaccepted
         if holds:
-            launcher.killed_because = f"it had not ended run {run_id} {after:g} s after it started"
+            launcher.killed_because = f"it had not ended run {run_id} {when}"
             launcher.stopped = True  # overdue already: its runs are not sent on
             launcher.proc.kill()
 
@@ -349,7 +356,9 @@ class LocalBackend:
         # Registered before the launcher hears of the run, so that its RunFinished stops it.
         self._start_sampler(spec, handle)
         try:
-            self._start_watchdog(spec)  # before the run can end, which cancels it
+            # Before the run can end, which cancels it; until the launcher schedules the run
+            # (re-armed then), the time it takes to get there is allowed for too.
+            self._start_watchdog(spec, reach=REACH_MARGIN_S)
             self._send_start(spec)
         except BaseException:
             self._handles.pop(spec.run_id, None)
