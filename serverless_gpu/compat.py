@@ -22,16 +22,16 @@ from typing import Any
 
 from .decorator import distributed
 from .errors import ConfigurationError
-from .scripts import ScriptTarget, newer_options, script_function
+from .scripts import ScriptTarget, script_function
 
 
 class TorchDistributor:
     """``TorchDistributor(num_processes=1, local_mode=True, use_gpu=True)``: one process per
     GPU (or CPU process) on this machine.
 
-    ``local_mode=False`` (Spark's executors, off the driver's node) runs on the remote pool,
-    as ``@distributed(remote=True)``; where this installation has none, it is refused with a
-    message rather than run on this machine unasked.
+    ``local_mode=False`` (Spark's executors, off the driver's node) runs on the Ray cluster
+    this process is connected to, as ``@distributed(remote=True)``; with none, ``run`` raises
+    ``ConfigurationError`` saying how to connect rather than run on this machine unasked.
     """
 
     def __init__(
@@ -41,7 +41,6 @@ class TorchDistributor:
             raise ConfigurationError(f"num_processes must be an integer, not {num_processes!r}")
         if num_processes < 1:
             raise ConfigurationError(f"num_processes must be at least 1, not {num_processes}")
-        newer_options(remote=not local_mode)  # refused now, not at run(), where unsupported
         self.num_processes = num_processes
         self.local_mode = local_mode
         self.use_gpu = use_gpu
@@ -64,7 +63,5 @@ class TorchDistributor:
             raise ConfigurationError(
                 f"train_object must be a function or a script path, not {train_object!r}"
             )
-        decorate = distributed(
-            gpus=self.num_processes, gpu_type=gpu_type, **newer_options(remote=remote)
-        )
+        decorate = distributed(gpus=self.num_processes, gpu_type=gpu_type, remote=remote)
         return decorate(train_object).distributed(*args, **kwargs)[0]

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import DistributedConfig
 from .decorator import DistributedFunction, distributed
 from .errors import ConfigurationError
 
@@ -85,26 +84,9 @@ def run_target(target: ScriptTarget) -> None:
 def script_function(
     target: ScriptTarget, *, max_retries: int = 0, remote: bool = False, **options: Any
 ) -> DistributedFunction[[], None]:
-    """``@distributed(**options)`` applied to the script (see :func:`newer_options`); the
-    MLflow run is named after the script unless ``run_name`` says otherwise."""
+    """``@distributed(**options)`` applied to the script; the MLflow run is named after the
+    script unless ``run_name`` says otherwise."""
     options["run_name"] = options.get("run_name") or target.name
-    decorate = distributed(**options, **newer_options(max_retries=max_retries, remote=remote))
+    decorate = distributed(**options, max_retries=max_retries, remote=remote)
     fn: DistributedFunction[[], None] = decorate(ScriptFunction(target))
     return fn
-
-
-def newer_options(*, max_retries: int = 0, remote: bool = False) -> dict[str, Any]:
-    """``max_retries`` and ``remote`` for ``@distributed``, only when asked for; ``remote`` is
-    refused clearly where this installation's decorator lacks it (never silently ignored)."""
-    fields = DistributedConfig.__dataclass_fields__
-    options: dict[str, Any] = {}
-    if max_retries:
-        options["max_retries"] = max_retries
-    if remote:
-        if "remote" not in fields:
-            raise ConfigurationError(
-                "remote=True needs the remote backend (@distributed(remote=True)), which this "
-                "version of serverless_gpu does not have; run on this machine instead"
-            )
-        options["remote"] = True
-    return options

@@ -133,3 +133,25 @@ def test_a_run_past_its_timeout_exits_124(
     assert done.returncode == 124, done.stderr
     assert "timed out" in done.stderr
     assert _record(tmp_path)["status"] == "timed_out"
+
+
+CRASHES_ON_ITS_FIRST_ATTEMPT = """
+    import os
+
+    from serverless_gpu import runtime
+
+    if runtime.attempt() == 0 and os.environ["RANK"] == "1":
+        os._exit(1)  # a crash, which max_retries starts again
+    print(f"attempt {runtime.attempt()} done")
+"""
+
+
+def test_max_retries_starts_a_crashed_script_again(
+    cli: Cli, write: Callable[[str, str], Path], cli_env: str
+) -> None:
+    write("crash.py", CRASHES_ON_ITS_FIRST_ATTEMPT)
+    once = cli("run", "--gpus", "2", "--gpu-type", "cpu", "crash.py")
+    assert once.returncode != 0 and "rank 1" in once.stderr, once.stderr
+    again = cli("run", "--gpus", "2", "--gpu-type", "cpu", "--max-retries", "1", "crash.py")
+    assert again.returncode == 0, again.stderr
+    assert "[rank 0] attempt 1 done" in again.stdout

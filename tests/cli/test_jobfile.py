@@ -6,14 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from conftest import Cli
 from mlflow import MlflowClient
 
-from serverless_gpu.cli.app import main
 from serverless_gpu.cli.jobfile import load_job
 from serverless_gpu.errors import ConfigurationError
-from serverless_gpu.scripts import newer_options
 
 GOOD = """
     command: python greet.py --who "nightly run"
@@ -94,17 +91,6 @@ def test_what_runs_is_one_python_script_or_module(write: Callable[[str, str], Pa
     ]:
         with pytest.raises(ConfigurationError, match=error):
             load_job(write("job.yaml", text)).target()
-
-
-def test_max_retries_reaches_the_decorator_and_remote_is_refused_until_it_has_it(
-    write: Callable[[str, str], Path],
-) -> None:
-    assert newer_options(max_retries=2) == {"max_retries": 2}
-    assert newer_options() == {}
-    write("t.py", "")
-    runner = CliRunner()
-    done = runner.invoke(main, ["run", "--gpu-type", "cpu", "--remote", "t.py"])
-    assert done.exit_code == 2 and "remote=True needs the remote backend" in done.output
 
 
 def test_a_job_file_runs_with_its_environment_experiment_and_run_name(
