@@ -25,6 +25,7 @@ LIMITS = {
     "05_lightning_fabric": 300,
     "06_data_and_resume": 300,
     "07_magic_and_widget": 300,
+    "08_sweeps": 300,
     "09_migration": 300,
 }
 
