@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CancelledError, DistributedError, DistributedTimeoutError, RankFailedError
+from .errors import (
+    CancelledError,
+    DistributedError,
+    DistributedTimeoutError,
+    RankFailedError,
+    exception_message,
+)
 
 _COLLECTIVE_WORDS = ("gloo", "nccl", "connection closed by peer", "connection reset by peer")
 
@@ -83,7 +89,7 @@ class FailedAttempt:
 
 def describe(exc: BaseException) -> str:
     """The first line of an attempt's error, with its type."""
-    lines = str(exc).strip().splitlines()
+    lines = exception_message(exc).strip().splitlines()  # a broken __str__ must not hide exc
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 

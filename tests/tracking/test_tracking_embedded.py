@@ -104,7 +104,7 @@ def test_tracking_false_creates_no_run(
         tracking_fns.no_mlflow
     ).distributed()
     assert list(result) == [0, 1]
-    assert result.metadata == {} and result.links == {}
+    assert not [k for k in result.metadata if k.startswith("mlflow")] and result.links == {}
     assert experiment_runs(embedded) == []
     assert not [w for w in recwarn if issubclass(w.category, TrackingWarning)]
 
@@ -121,4 +121,4 @@ def test_without_mlflow_installed_the_call_runs_and_warns_once(
         assert fn.distributed() == [0, 1]  # a second call does not warn again
     assert list(result) == [0, 1]
     assert len([w for w in caught if issubclass(w.category, TrackingWarning)]) == 1
-    assert result.metadata == {}
+    assert not [k for k in result.metadata if k.startswith("mlflow")]
