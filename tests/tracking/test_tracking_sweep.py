@@ -39,4 +39,6 @@ def test_sweep_is_a_parent_run_with_a_child_per_trial(
     assert by_name["trial trial 0"].info.status == "FINISHED"
     assert by_name["trial trial 1"].data.params["lr"] == "-1.0"
     assert by_name["trial trial 1"].info.status == "FAILED"
-    assert outcomes[0].links["mlflow"].endswith(by_name["trial trial 0"].info.run_id)
+    first = outcomes[0]
+    assert not isinstance(first, BaseException), first
+    assert first.links["mlflow"].endswith(by_name["trial trial 0"].info.run_id)
