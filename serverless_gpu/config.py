@@ -50,6 +50,12 @@ class DistributedConfig:
     shorter timeout)."""
     standby: bool = True
     """Prepare rank processes ahead of the call (launcher started at decoration time)."""
+    warm_process_group: bool = True
+    """Standby ranks also form the default process group ahead of the call (NCCL on GPUs,
+    gloo on CPU), so ``init_process_group`` in the call returns at once when its backend,
+    rank, world size and device agree; and ``destroy_process_group`` in the call returns at
+    once, the shutdown following after the result. ``dist.is_initialized()`` is True when the
+    function starts. False: ranks start without a group, and both calls are torch's own."""
     stop_grace: float = 0.0
     """Seconds a cancel, timeout or interrupt first asks the ranks to stop
     (``runtime.should_stop()`` turns True) before stopping them as usual; a second cancel or
@@ -126,7 +132,7 @@ def _check_options(config: DistributedConfig) -> None:
         raise ConfigurationError(f"backend must be 'local' or 'ray', not {config.backend!r}")
     if config.remote and config.backend == "local":
         raise ConfigurationError("remote=True runs on Ray: it cannot go with backend='local'")
-    for name in ("standby", "tracking", "remote"):
+    for name in ("standby", "warm_process_group", "tracking", "remote"):
         if not isinstance(getattr(config, name), bool):
             raise ConfigurationError(f"{name} must be True or False, not {getattr(config, name)!r}")
     if config.run_name is not None and not isinstance(config.run_name, str):

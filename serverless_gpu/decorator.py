@@ -84,7 +84,13 @@ class DistributedFunction(Generic[P, R]):
         functools.update_wrapper(self, func)
         if config.standby and not config.on_ray:
             _start_prewarm(
-                lambda: _prewarm(self.backend, config.gpus, config.gpu_type, config.tracking)
+                lambda: _prewarm(
+                    self.backend,
+                    config.gpus,
+                    config.gpu_type,
+                    config.tracking,
+                    config.warm_process_group,
+                )
             )
 
     @property
@@ -286,7 +292,11 @@ def warm_up(gpus: int | None = None, gpu_type: str | GPUType | None = None) -> N
 
 
 def _prewarm(
-    backend: Backend, gpus: int | None, gpu_type: str | GPUType | None, tracking: bool
+    backend: Backend,
+    gpus: int | None,
+    gpu_type: str | GPUType | None,
+    tracking: bool,
+    warm_group: bool = True,
 ) -> None:
     # The launcher's start (a fresh interpreter importing torch: seconds) goes first, so that
     # reading the GPUs through NVML overlaps it instead of delaying it.
@@ -298,7 +308,7 @@ def _prewarm(
     # Ranks of a tracked call import mlflow; importing it once in the launcher saves seconds of
     # CPU per rank.
     tracked = tracking and importlib.util.find_spec("mlflow") is not None
-    backend.prewarm(placement, ("mlflow",) if tracked else ())
+    backend.prewarm(placement, ("mlflow",) if tracked else (), warm_group)
 
 
 def _start_prewarm(target: Callable[[], None]) -> None:

@@ -27,6 +27,34 @@ def multicast_off(env: dict[str, str] | os._Environ[str]) -> None:
         env.setdefault(key, value)
 
 
+GROUP_ENV_PREFIXES = (
+    "NCCL_",
+    "TORCH_NCCL_",
+    "TORCH_FR_",
+    "GLOO_",
+    "TORCH_GLOO",
+    "TORCH_DISTRIBUTED",
+    "NVSHMEM_",
+    "TORCH_SYMM_MEM",
+    "CUDA_",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+)
+"""Variables that NCCL, gloo, torch.distributed or CUDA read once per process, when the first
+communicator, context or allocation is made: a rank made ahead of its call (with its CUDA
+context and process group) serves only calls whose environment agrees on all of them."""
+
+
+def group_env(env: dict[str, str]) -> dict[str, str]:
+    """The part of ``env`` that a warm rank was made under (see :data:`GROUP_ENV_PREFIXES`);
+    ``CUDA_VISIBLE_DEVICES`` is left out: the launcher matches devices itself."""
+    return {
+        key: value
+        for key, value in env.items()
+        if key.startswith(GROUP_ENV_PREFIXES) and key != "CUDA_VISIBLE_DEVICES"
+    }
+
+
 def free_port(exclude: set[int]) -> int:
     """A TCP port on 127.0.0.1 that is free now and not handed to another live run."""
     for _ in range(100):

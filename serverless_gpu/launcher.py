@@ -33,14 +33,12 @@ import psutil
 
 from .allocation import Allocator, devices_of
 from .channel import Channel, Undecodable
-from .env import free_port
+from .env import free_port, group_env
 from .events import RunFinished, RunQueued, RunScheduled, RunStatus
-from .gpus import visible_device_ids
 from .launcher_log import log, log_exception
 from .lifetime import (
     become_subreaper,
     die_with_parent,
-    kill_group,
     reap_adopted,
     terminate_groups,
 )
@@ -54,12 +52,12 @@ from .protocol import (
     Shutdown,
     TakeStacks,
 )
-from .rank_process import RankProcess, fork_rank
+from .rank_process import RankProcess
 from .runspec import RunSpec
+from .standby import RankSet, Standby, fork_set
 from .supervision import RunSupervisor
 
 _TICK_S = 0.05
-MAX_WARM_SHAPES = 2
 CALLER_BACKLOG_BYTES = 64 << 20
 """Events queued for the caller beyond which the ranks' output is left in their pipes."""
 _REAP_AT_EXIT_S = 10.0
@@ -89,11 +87,7 @@ class LauncherLoop:
             self.backlog_selector.register(caller_pidfd, selectors.EVENT_READ)
         self.reported_groups: tuple[int, ...] = ()
         self.runs: dict[str, RunSupervisor] = {}
-        self.standby: dict[tuple[str, int], list[RankProcess]] = {}
-        self.retired: list[RankProcess] = []
-        """Standby ranks killed to make room for a call, not reaped yet."""
-        self.warm_shapes: dict[tuple[str, int], None] = {}
-        """(device, world size) asked for by Prewarm, least recently used first."""
+        self.standby = Standby()
         self.preload: set[str] = set()
         self.allocator = Allocator()
         self.results_dirs: deque[Path] = deque(maxlen=256)
@@ -114,9 +108,12 @@ class LauncherLoop:
             now = time.monotonic()
             for run in list(self.runs.values()):
                 run.tick(now, not backlog)
-                if run.finished:
+                if run.finished and not run.devices_freed:
+                    self._free_devices(run)
+                if run.finished and run.all_exited:
                     self._close_run(run)
-            self._reap_retired()
+            self._unhold()
+            self.standby.reap()
             reap_adopted(self._known_pids())
             self._report_groups()
 
@@ -204,14 +201,21 @@ class LauncherLoop:
             if run is not None:
                 run.take_stacks()
         elif isinstance(message, Prewarm):
-            self.preload.update(message.preload)
-            self._use_shape((message.device, message.world_size), add=True)
+            self._prewarm(message)
         elif isinstance(message, Shutdown):
             self.running = False
 
+    def _prewarm(self, message: Prewarm) -> None:
+        self.preload.update(message.preload)
+        if message.env is not None:
+            self.standby.group_env = message.env
+        self.standby.use((message.device, message.world_size), True, message.warm_group)
+
     def _start(self, spec: RunSpec) -> None:
         self.emit(RunAccepted(spec.run_id))
-        self._use_shape((spec.device, spec.world_size), add=spec.config.standby)
+        self.standby.group_env = group_env(spec.env)
+        shape = (spec.device, spec.world_size)
+        self.standby.use(shape, spec.config.standby, spec.config.warm_process_group)
         if spec.paths.results_dir is not None:
             self.results_dirs.append(spec.paths.results_dir)
         admitted = self.allocator.admit(spec)
@@ -247,123 +251,95 @@ class LauncherLoop:
     def _launch_on_devices(self, spec: RunSpec) -> None:
         self.emit(RunScheduled(spec.run_id, devices_of(spec), time.time()))
         taken = {r.master_port for r in self.runs.values()}
-        ranks = self._take_standby(spec)
-        # Standby ranks of other shapes would sit on the GPUs (or cores) this call uses; they
-        # are made again once no call runs.
-        for key in [key for key in self.standby if key[0] == spec.device]:
-            self._retire(self.standby.pop(key))
-        if ranks is None:
-            ranks = self._fork_ranks(spec.world_size, None, "rank")
+        rank_set = self.standby.take(spec)
+        if rank_set is None:
+            rank_set = RankSet(self._fork_ranks(spec.world_size))
         self._report_groups()  # before any user code runs, so a rank's children are covered
         try:
-            run = RunSupervisor(spec, ranks, free_port(taken), self.emit, self.selector)
+            run = RunSupervisor(
+                spec,
+                rank_set.ranks,
+                free_port(taken),
+                self.emit,
+                self.selector,
+                grouped=rank_set.grouped,
+            )
         except OSError as exc:
-            self._retire(ranks)
+            self.standby.retire(rank_set)
             raise StartFailed(
                 f"could not prepare the run's logs in {spec.paths.run_dir}: {exc.strerror or exc}"
             ) from exc
         except BaseException:
-            self._retire(ranks)
+            self.standby.retire(rank_set)
             raise
         self.runs[spec.run_id] = run
+        run.held = self._draining_on(spec)
         run.start()
 
-    def _fork_ranks(self, count: int, cuda: bool | None, title: str) -> list[RankProcess]:
-        """``count`` new ranks, or none: a failed fork kills the ones already made."""
-        ranks: list[RankProcess] = []
+    def _fork_ranks(self, count: int) -> list[RankProcess]:
+        """``count`` new ranks for a call, or none: a failed fork kills the ones already made."""
         try:
-            for i in range(count):
-                ranks.append(fork_rank(i if cuda else None, f"{title}{i}" if cuda else title))
+            return fork_set(("cpu", count), "rank", None, cuda_context=False).ranks
         except OSError as exc:
-            self._retire(ranks)
-            self._reap_retired_within(1.0)  # their places are needed by the next call
+            self.standby.reap_within(1.0)  # their places are needed by the next call
             raise StartFailed(
                 f"could not start {count} ranks: fork failed: {exc}{_limits(exc)}"
             ) from exc
-        return ranks
+
+    def _draining_on(self, spec: RunSpec) -> bool:
+        """Whether ranks of a finished run still exit on devices this call uses: its ranks
+        wait until they are gone (their memory is freed then)."""
+        devices = set(devices_of(spec))
+        return any(
+            run.finished
+            and not run.all_exited
+            and run.spec.device == spec.device
+            and devices & set(devices_of(run.spec))
+            for run in self.runs.values()
+        )
+
+    def _unhold(self) -> None:
+        for run in self.runs.values():
+            if run.held and not self._draining_on(run.spec):
+                run.unhold()
 
     # -- standby ranks -------------------------------------------------------------------------
 
-    def _use_shape(self, key: tuple[str, int], add: bool) -> None:
-        """Mark a shape as just used (a call with standby=False adds none). Only the latest
-        MAX_WARM_SHAPES keep standby ranks: every set holds a CUDA context on GPU 0."""
-        if key not in self.warm_shapes and not add:
-            return
-        self.warm_shapes.pop(key, None)
-        self.warm_shapes[key] = None
-        while len(self.warm_shapes) > MAX_WARM_SHAPES:
-            oldest = next(iter(self.warm_shapes))
-            del self.warm_shapes[oldest]
-            self._retire(self.standby.pop(oldest, []))
-
     def _refill_standby(self) -> None:
         """Standby ranks for every shape asked for, made only while no call runs: during a
-        call they would hold a CUDA context (and CPU time) on the GPUs the call is using."""
-        if not self.running or self.runs or self.allocator.busy():
+        call they would hold a CUDA context (and CPU time) on the GPUs the call is using.
+        A finished run whose ranks still exit does not count: its results are out."""
+        if not self.running or any(not r.finished for r in self.runs.values()):
+            return
+        if self.allocator.busy():
             return
         try:
-            self._make_standby()
+            _preload(self.preload)
+            self.standby.refill(self._fork_standby)
         except Exception:  # standby ranks are an optimisation: calls fork their own
             log_exception("no standby ranks")
         self._report_groups()
 
-    def _make_standby(self) -> None:
-        _preload(self.preload)
-        for device, world_size in self.warm_shapes:
-            if not self.standby.get((device, world_size)):
-                cuda = device == "cuda"
-                try:
-                    self.standby[(device, world_size)] = self._fork_ranks(
-                        world_size, cuda, "standby gpu" if cuda else "standby cpu"
-                    )
-                except StartFailed as exc:  # calls fork their own ranks; say why there are none
-                    log(f"no standby ranks: {exc}")
+    def _fork_standby(self, shape: tuple[str, int], grouped: bool) -> RankSet:
+        cuda = shape[0] == "cuda"
+        title = "standby gpu" if cuda else "standby cpu"
+        return fork_set(shape, title, self.standby.base_env() if grouped else None, cuda)
 
-    def _take_standby(self, spec: RunSpec) -> list[RankProcess] | None:
-        device, world_size = spec.device, spec.world_size
-        ranks = self.standby.pop((device, world_size), None)
-        if ranks is None:
-            return None
-        # Standby contexts were made on the first GPUs of the launcher's own view: useless for
-        # a call allocated others (or seeing others); a dead rank spoils the set.
-        other_devices = (
-            device == "cuda"
-            and devices_of(spec)
-            != visible_device_ids(os.environ.get("CUDA_VISIBLE_DEVICES"))[:world_size]
-        )
-        if other_devices or not all(r.alive() for r in ranks):
-            self._retire(ranks)
-            return None
-        return ranks
-
-    def _retire(self, ranks: list[RankProcess]) -> None:
-        """Stop standby ranks without waiting for them (the call that needs their place is
-        starting): they hold nothing of a user's, so SIGKILL; the loop reaps them."""
-        for r in ranks:
-            if r.exit_status is None:
-                kill_group(r.pid, signal.SIGKILL)
-        self.retired.extend(ranks)
-
-    def _reap_retired(self) -> None:
-        for r in self.retired:
-            if r.poll() is not None:
-                r.close()
-        self.retired = [r for r in self.retired if r.exit_status is None]
-
-    def _reap_retired_within(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        self._reap_retired()
-        while self.retired and time.monotonic() < deadline:
-            time.sleep(0.01)
-            self._reap_retired()
-
-    def _close_run(self, run: RunSupervisor) -> None:
-        run.close()
-        del self.runs[run.spec.run_id]
+    def _free_devices(self, run: RunSupervisor) -> None:
+        """The run's results are out: its devices go to the next run (which waits for these
+        ranks' exit before its own start), and standby ranks are made for the next call."""
+        run.devices_freed = True
         if self.running:
             self._start_queued(run.spec.run_id)
         else:
             self.allocator.release(run.spec.run_id)
+        self._refill_standby()
+
+    def _close_run(self, run: RunSupervisor) -> None:
+        if not run.devices_freed:
+            self._free_devices(run)
+        run.close()
+        del self.runs[run.spec.run_id]
         if not self.runs:
             self._kill_adopted()
         self._refill_standby()
@@ -373,8 +349,7 @@ class LauncherLoop:
     def _known_pids(self) -> set[int]:
         """Ranks (of runs and standby) not reaped yet; any other child is an adopted orphan."""
         pids = {pid for run in self.runs.values() for pid in run.unreaped_pids()}
-        groups = [*self.standby.values(), self.retired]
-        return pids | {r.pid for group in groups for r in group if r.exit_status is None}
+        return pids | self.standby.pids()
 
     def _kill_adopted(self) -> None:
         """End what ranks left behind outside their process groups (a daemon that called
@@ -393,17 +368,13 @@ class LauncherLoop:
         orphans it left to this subreaper (a killed rank's children)."""
         for run in self.runs.values():
             run.reap()
-        for group in self.standby.values():
-            for r in group:
-                r.poll()
-        self._reap_retired()
+        self.standby.reap()
         reap_adopted(self._known_pids())
 
     def all_pids(self) -> list[int]:
         """Ranks not reaped yet: a reaped rank's pid (and group id) may belong to someone else."""
         pids = [pid for run in self.runs.values() for pid in run.unreaped_pids()]
-        standby = [r for group in self.standby.values() for r in group]
-        return pids + [r.pid for r in standby if r.exit_status is None]
+        return pids + [r.pid for s in self.standby.sets.values() for r in s.ranks if r.alive()]
 
     def shutdown(self) -> None:
         self.running = False  # also stops runs that end now from preparing new standby ranks
@@ -419,13 +390,12 @@ class LauncherLoop:
             run.reap_by(reaped_by)
             run.finish_now()
             self._close_run(run)
-        standby = [r for group in self.standby.values() for r in group]
+        standby = self.standby.ranks()
         terminate_groups([r.pid for r in standby if r.alive()], 0.5, reap=self._reap_all)
         reaped_by = time.monotonic() + _REAP_AT_EXIT_S
-        for r in standby + self.retired:
+        for r in standby:
             r.reap_by(reaped_by)
-        self.standby.clear()
-        self.retired.clear()
+        self.standby = Standby()
         self._kill_adopted()
         self.backlog_selector.close()
         for folder in self.results_dirs:

@@ -42,6 +42,11 @@ class Prewarm:
     world_size: int
     preload: tuple[str, ...] = ()
     """Modules to import in the launcher first, so forked ranks start with them (``mlflow``)."""
+    env: dict[str, str] | None = None
+    """The caller's environment as far as process groups read it (``env.group_env``): standby
+    ranks are made under it; None leaves the launcher's own."""
+    warm_group: bool = True
+    """Form the standby ranks' process group ahead of the call (``warm_process_group``)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,9 @@ class RankSpec:
     rank: int
     master_port: int
     """The TCP port of rank 0's rendezvous store on 127.0.0.1."""
+    warm_group: bool = False
+    """Every rank of the call holds a formed process group (``warm_group.py``): the user's
+    ``init_process_group`` takes it. False: a rank that formed one drops it first."""
 
     def env(self) -> dict[str, str]:
         """The complete environment of the rank."""
@@ -106,6 +114,14 @@ class Release:
 
 
 # --- rank -> launcher --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupReady:
+    """A standby rank has tried to form its process group ahead of the call: ``ok`` if it
+    holds one. The launcher sends the call's specs once every rank has said."""
+
+    ok: bool
 
 
 @dataclass(frozen=True)

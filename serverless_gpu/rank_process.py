@@ -14,6 +14,7 @@ from multiprocessing.connection import Connection
 from .channel import Channel
 from .output import LineSplitter, OutputPacer
 from .proctitle import set_title
+from .warm_group import GroupPlan
 
 _F_SETPIPE_SZ = 1031
 _F_GETPIPE_SZ = 1032
@@ -106,9 +107,9 @@ def _pipe(opened: list[int]) -> tuple[int, int]:
     return r, w
 
 
-def fork_rank(warm_gpu: int | None, title: str) -> RankProcess:
+def fork_rank(warm_gpu: int | None, title: str, plan: GroupPlan | None = None) -> RankProcess:
     """Fork a rank that waits for its spec; it first creates a CUDA context on GPU ``warm_gpu``
-    (an index) unless that is None.
+    (an index) unless that is None, and forms its process group by ``plan`` unless that is None.
 
     ``title`` names the process until its spec arrives (``standby cpu``). Raises ``OSError``
     when the fork fails (process limit), with nothing left open.
@@ -118,7 +119,7 @@ def fork_rank(warm_gpu: int | None, title: str) -> RankProcess:
     try:
         out_r, out_w = _pipe(fds)
         err_r, err_w = _pipe(fds)
-        pid = _fork(child_sock, out_w, err_w, warm_gpu, title)
+        pid = _fork(child_sock, out_w, err_w, warm_gpu, title, plan)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -136,7 +137,12 @@ def fork_rank(warm_gpu: int | None, title: str) -> RankProcess:
 
 
 def _fork(
-    child_sock: socket.socket, out_w: int, err_w: int, warm_gpu: int | None, title: str
+    child_sock: socket.socket,
+    out_w: int,
+    err_w: int,
+    warm_gpu: int | None,
+    title: str,
+    plan: GroupPlan | None,
 ) -> int:
     # Until the child has reset the launcher's signal handlers, a TERM must not run launcher
     # code in it: block the signals across fork; rank_main unblocks them.
@@ -147,7 +153,7 @@ def _fork(
             from .worker import rank_main
 
             set_title(title)
-            rank_main(Connection(child_sock.detach()), out_w, err_w, warm_gpu)
+            rank_main(Connection(child_sock.detach()), out_w, err_w, warm_gpu, plan)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     return pid

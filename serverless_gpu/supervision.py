@@ -28,7 +28,7 @@ from .events import (
 )
 from .launcher_log import log, log_exception
 from .lifetime import kill_group, signal_name
-from .protocol import RankDone, RankSpec, Release, ToCaller, UserCodeStarted
+from .protocol import GroupReady, RankDone, RankSpec, Release, ToCaller, UserCodeStarted
 from .rank_process import RankProcess
 from .rundirs import RUNS_DIR_ENV
 from .runspec import RunSpec
@@ -51,6 +51,8 @@ class _Rank:
     """Its exit has been seen and reported (``RankFinished``)."""
     hung_up: bool = False
     """Its channel reached end of file."""
+    group_ready: bool | None = None
+    """A standby rank forming a process group: whether it holds one (None: not said yet)."""
 
     @property
     def running(self) -> bool:
@@ -68,8 +70,16 @@ class RunSupervisor:
         master_port: int,
         emit: Callable[[Any], None],
         selector: selectors.BaseSelector,
+        grouped: bool = False,
     ) -> None:
         self.spec = spec
+        self.grouped = grouped
+        """The ranks form a process group before the call: specs wait for their GroupReady."""
+        self.held = False
+        """Specs wait for the launcher (ranks of a finished run still exit on our devices)."""
+        self.specs_sent = False
+        self.devices_freed = False
+        """The launcher has handed this run's devices on (once its results were out)."""
         self.ranks = [_Rank(proc) for proc in ranks]
         self.master_port = master_port
         self.emit = emit
@@ -85,7 +95,9 @@ class RunSupervisor:
         self.grace = spec.grace
         self.deadline = time.monotonic() + spec.timeout if spec.timeout is not None else None
         self.finished = False
-        """``RunFinished`` has been sent."""
+        """``RunFinished`` has been sent. On success that is as soon as every rank has
+        reported its result; the ranks then exit (communicator and CUDA teardown) on their own
+        time, still supervised until ``all_exited``."""
         self.asked: tuple[RunStatus, str] | None = None
         """The stop the ranks were asked for (graceful stop), while they have stop_grace."""
         self.ask_deadline: float | None = None
@@ -112,9 +124,28 @@ class RunSupervisor:
                 self.selector.register(
                     fd, selectors.EVENT_READ, self._cb(self._on_output, rank, stream)
                 )
+        self._send_specs()
+
+    def unhold(self) -> None:
+        self.held = False
+        self._send_specs()
+
+    def _send_specs(self) -> None:
+        """Start the call in every rank, once they may: grouped ranks have said whether they
+        hold their group (the call takes it only if all do)."""
+        waiting = self.grouped and any(r.group_ready is None for r in self.ranks)
+        if self.specs_sent or self.held or waiting or self.stopping:
+            return
+        self.specs_sent = True
+        warm = self.grouped and all(r.group_ready for r in self.ranks)
+        for rank, proc in enumerate(self.procs()):
             # Buffered: a rank that does not read must not stall the launcher. One that died
             # already is reported through its pidfd.
-            proc.channel.send(RankSpec(self.spec, rank, self.master_port))
+            proc.channel.send(RankSpec(self.spec, rank, self.master_port, warm))
+
+    @property
+    def all_exited(self) -> bool:
+        return all(r.exited for r in self.ranks)
 
     def procs(self) -> list[RankProcess]:
         return [r.proc for r in self.ranks]
@@ -177,6 +208,9 @@ class RunSupervisor:
         r = self.ranks[rank]
         if isinstance(message, Undecodable):
             log(f"rank {rank} sent a message the launcher cannot load: {message.error!r}")
+        elif isinstance(message, GroupReady):
+            r.group_ready = message.ok
+            self._send_specs()
         elif isinstance(message, UserCodeStarted):
             r.state = RankState.RUNNING
             self.emit(RankStarted(self.spec.run_id, rank, r.proc.pid, message.time))
@@ -184,6 +218,7 @@ class RunSupervisor:
             r.state, r.summary = RankState.DONE, message.summary
             if all(x.state is RankState.DONE for x in self.ranks) and not self.stopping:
                 self._release_all()
+                self._report_success()
         elif isinstance(message, ToCaller):
             self.emit(RankMessage(self.spec.run_id, rank, message.kind, message.data, message.time))
         elif isinstance(message, RankDone):
@@ -196,13 +231,29 @@ class RunSupervisor:
             r.proc.channel.send(Release())
         self.kill_deadline = time.monotonic() + _RELEASE_GRACE_S
 
+    def _report_success(self) -> None:
+        """Every rank has written its result: the caller gets them now, not after the ranks'
+        teardown. Output the ranks wrote before their result goes first."""
+        for rank, r in enumerate(self.ranks):
+            for stream in list(r.proc.pipes):
+                self._on_output(rank, stream)
+            for stream, splitter in r.proc.splitters.items():
+                rest = splitter.close() if stream in r.proc.pipes else ()
+                if rest:
+                    self.emit(OutputLines(self.spec.run_id, rank, stream, tuple(rest), time.time()))
+            self.emit(
+                RankFinished(self.spec.run_id, rank, r.state, None, None, time.time(), r.summary)
+            )
+        self._finish()
+
     def _on_output(self, rank: int, stream: str) -> None:
         proc = self.ranks[rank].proc
         data, eof = proc.read(stream)
         now = time.monotonic()
         if data:
             self._log(rank, data)
-            pieces = proc.splitters[stream].feed(data, now)
+            # After the run's end (its ranks' teardown) output goes to the logs only.
+            pieces = () if self.finished else proc.splitters[stream].feed(data, now)
             if pieces:
                 self.emit(OutputLines(self.spec.run_id, rank, stream, tuple(pieces), time.time()))
         was_paused = proc.pacer.is_paused(stream)
@@ -211,7 +262,7 @@ class RunSupervisor:
                 self.selector.unregister(proc.pipes[stream])
             proc.pacer.forget(stream)
             proc.close_pipe(stream)
-            rest = proc.splitters[stream].close()
+            rest = () if self.finished else proc.splitters[stream].close()
             if rest:
                 self.emit(OutputLines(self.spec.run_id, rank, stream, tuple(rest), time.time()))
             return
@@ -258,6 +309,10 @@ class RunSupervisor:
                 break
         for stream in list(r.proc.pipes):
             self._on_output(rank, stream)
+        if self.finished:  # reported already, as every rank had returned
+            if status != 0:
+                log(f"run {self.spec.run_id}: rank {rank} exited with {status} after its result")
+            return
         r.state = self._classify_exit(rank, status)
         self.emit(
             RankFinished(
@@ -374,7 +429,8 @@ class RunSupervisor:
             for stream in proc.pacer.due(now):
                 self._on_output(rank, stream)
             for stream, splitter in proc.splitters.items():
-                piece = splitter.flush_idle(now) if stream in proc.pipes else None
+                open_stream = stream in proc.pipes and not self.finished
+                piece = splitter.flush_idle(now) if open_stream else None
                 if piece:
                     self.emit(OutputLines(self.spec.run_id, rank, stream, (piece,), time.time()))
 

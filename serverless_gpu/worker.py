@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import cloudpickle
 
-from . import rank_doctor, runtime, seeding, sources, stacks
+from . import rank_doctor, runtime, seeding, sources, stacks, warm_group
 from .describe import describe_value
 from .env import RANK_INIT_ENV
 from .errors import (
@@ -36,17 +36,37 @@ from .errors import (
 )
 from .lifetime import die_with_parent
 from .proctitle import set_rank_title
-from .protocol import ErrorRecord, RankDone, RankSpec, Release, ToCaller, UserCodeStarted
+from .protocol import (
+    ErrorRecord,
+    GroupReady,
+    RankDone,
+    RankSpec,
+    Release,
+    ToCaller,
+    UserCodeStarted,
+)
 from .serialization import dump_result, dump_to_file, load_payload, partial_path
 
 
-def rank_main(conn: Connection, stdout_fd: int, stderr_fd: int, warm_gpu: int | None) -> NoReturn:
-    """Entry point of a freshly forked rank process."""
+def rank_main(
+    conn: Connection,
+    stdout_fd: int,
+    stderr_fd: int,
+    warm_gpu: int | None,
+    plan: warm_group.GroupPlan | None = None,
+) -> NoReturn:
+    """Entry point of a freshly forked rank process: a standby rank first creates its CUDA
+    context on GPU ``warm_gpu`` and forms its process group (``plan``)."""
     code = 70  # EX_SOFTWARE: reached only if the code below itself breaks
     try:
-        _become_rank_process(stdout_fd, stderr_fd, conn.fileno())
+        keep = {conn.fileno()}
+        if plan is not None and plan.listen_fd is not None:
+            keep.add(plan.listen_fd)
+        _become_rank_process(stdout_fd, stderr_fd, keep)
         if warm_gpu is not None:
             _create_cuda_context(warm_gpu)
+        if plan is not None:
+            conn.send(GroupReady(warm_group.form(plan)))
         spec = conn.recv()
         if isinstance(spec, RankSpec):
             code = _run(conn, spec)
@@ -67,7 +87,7 @@ def _write_result(result: Any, paths: list[Path], local_ranks: int) -> None:
     dump_result(result, paths[-1], local_ranks)
 
 
-def _become_rank_process(stdout_fd: int, stderr_fd: int, keep_fd: int) -> None:
+def _become_rank_process(stdout_fd: int, stderr_fd: int, keep: set[int]) -> None:
     # Own process group (the launcher sets it too, race-free): killing the group also ends
     # whatever the rank started, such as DataLoader workers.
     os.setpgid(0, 0)
@@ -81,8 +101,11 @@ def _become_rank_process(stdout_fd: int, stderr_fd: int, keep_fd: int) -> None:
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
     # Drop every descriptor inherited from the launcher (other ranks' pipes, the caller's socket).
-    os.closerange(3, keep_fd)
-    os.closerange(keep_fd + 1, _max_fd())
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _max_fd())
     sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
     sys.stdout = _line_stream(1)
     sys.stderr = _line_stream(2)
@@ -117,6 +140,7 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     apply_thread_limit()
     seeding.reseed()
     rank_doctor.install(run.paths, spec.rank)
+    warm_group.settle(spec.warm_group, run.config.warm_process_group)
     send = _locked_sender(conn)
     runtime.connect(lambda kind, data: send(ToCaller(kind, data, time.time())))
     send(UserCodeStarted(time.time()))
@@ -146,6 +170,8 @@ def _run(conn: Connection, spec: RankSpec) -> int:
             pass
     except (EOFError, OSError):
         pass
+    # The result is on its way: communicators are shut down now, outside the call's time.
+    warm_group.finish()
     return 0
 
 

@@ -20,9 +20,12 @@ class Backend(Protocol):
         """Start this backend's helper processes now if they are not running; non-blocking."""
         ...
 
-    def prewarm(self, placement: Placement, preload: tuple[str, ...] = ()) -> None:
+    def prewarm(
+        self, placement: Placement, preload: tuple[str, ...] = (), warm_group: bool = True
+    ) -> None:
         """Get ready for calls of this shape (start processes, standby ranks, import ``preload``
-        modules where ranks are created); non-blocking."""
+        modules where ranks are created, form their process group if ``warm_group``);
+        non-blocking."""
         ...
 
     def shutdown(self) -> None:

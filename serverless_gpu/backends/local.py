@@ -23,7 +23,7 @@ from typing import Any
 
 import serverless_gpu
 
-from ..env import METRICS_INTERVAL_ENV
+from ..env import METRICS_INTERVAL_ENV, group_env
 from ..errors import DistributedError, LauncherError
 from ..events import RunFinished, RunQueued, RunScheduled, RunStatus
 from ..gpus import Placement
@@ -379,9 +379,14 @@ class LocalBackend:
     def start(self) -> None:
         self._ensure_launcher()
 
-    def prewarm(self, placement: Placement, preload: tuple[str, ...] = ()) -> None:
+    def prewarm(
+        self, placement: Placement, preload: tuple[str, ...] = (), warm_group: bool = True
+    ) -> None:
+        message = Prewarm(
+            placement.device, placement.world_size, preload, group_env(dict(os.environ)), warm_group
+        )
         try:
-            self._ensure_launcher().send(Prewarm(placement.device, placement.world_size, preload))
+            self._ensure_launcher().send(message)
         except OSError:
             pass  # prewarming is an optimisation; the next call starts what it needs
 

@@ -43,7 +43,9 @@ class RayBackend:
     def start(self) -> None:
         """Nothing to start ahead: the cluster is Ray's."""
 
-    def prewarm(self, placement: Placement, preload: tuple[str, ...] = ()) -> None:
+    def prewarm(
+        self, placement: Placement, preload: tuple[str, ...] = (), warm_group: bool = True
+    ) -> None:
         """Nothing to prepare: each call's actors start with it."""
 
     def shutdown(self) -> None:
