@@ -1,5 +1,7 @@
 """Third-party trainers inside 2 CPU ranks, unchanged: each sees a world of 2 and really
-all-reduces (ranks train on different data and end with equal parameters)."""
+all-reduces (ranks train on different data and end with equal parameters). By default they run
+in standby ranks that formed their gloo group ahead of the call (``warm_process_group``); the
+quick ones also without it."""
 
 from __future__ import annotations
 
@@ -15,10 +17,13 @@ import trainers_fns
 from serverless_gpu import distributed
 
 
-def _run(fn: Callable[..., Any], *args: Any) -> list[Any]:
-    return list(
-        distributed(gpus=2, gpu_type="cpu", timeout=240, tracking=False)(fn).distributed(*args)
-    )
+def _run(fn: Callable[..., Any], *args: Any, warm: bool = True, timeout: int = 240) -> list[Any]:
+    options: dict[str, Any] = {"gpus": 2, "gpu_type": "cpu", "timeout": timeout, "tracking": False}
+    if warm:  # a call of the same shape first: the next call finds standby ranks, group formed
+        distributed(**options)(trainers_fns.warm).distributed()
+    results = list(distributed(**options, warm_process_group=warm)(fn).distributed(*args))
+    assert [r["warm"] for r in results] == [warm, warm]
+    return results
 
 
 def _same_params(results: list[dict[str, Any]]) -> None:
@@ -26,9 +31,10 @@ def _same_params(results: list[dict[str, Any]]) -> None:
     assert first == pytest.approx(second, abs=1e-6), "the ranks trained alone: no all-reduce"
 
 
-def test_accelerate_runs_multi_cpu() -> None:
+@pytest.mark.parametrize("warm", [True, False])
+def test_accelerate_runs_multi_cpu(warm: bool) -> None:
     pytest.importorskip("accelerate")
-    results = _run(trainers_fns.accelerate_step)
+    results = _run(trainers_fns.accelerate_step, warm=warm)
     assert [r["world_size"] for r in results] == [2, 2]
     assert {r["distributed_type"] for r in results} == {"DistributedType.MULTI_CPU"}
     _same_params(results)
@@ -43,9 +49,10 @@ def test_hf_trainer_trains_distributed(tmp_path: Path) -> None:
     _same_params(results)
 
 
-def test_lightning_fabric_runs_ddp() -> None:
+@pytest.mark.parametrize("warm", [True, False])
+def test_lightning_fabric_runs_ddp(warm: bool) -> None:
     pytest.importorskip("lightning")
-    results = _run(trainers_fns.fabric_step)
+    results = _run(trainers_fns.fabric_step, warm=warm)
     assert [r["world_size"] for r in results] == [2, 2]
     _same_params(results)
 
@@ -77,9 +84,6 @@ def test_deepspeed_zero1_all_reduces(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     # The compiled op is kept with the environment, so only the first run pays for it.
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-    fn = distributed(gpus=2, gpu_type="cpu", timeout=900, tracking=False)(
-        trainers_fns.deepspeed_step
-    )
-    results = list(fn.distributed(1))
+    results = _run(trainers_fns.deepspeed_step, 1, timeout=900)
     assert [r["world_size"] for r in results] == [2, 2]
     _same_params(results)

@@ -14,6 +14,13 @@ import torch
 from torch import nn
 
 
+def warm() -> bool:
+    """Whether the rank started with its process group formed ahead of the call."""
+    import torch.distributed as dist
+
+    return dist.is_initialized()
+
+
 def _rank() -> int:
     return int(os.environ["RANK"])
 
@@ -38,6 +45,7 @@ def gloo_sockets() -> dict[str, Any]:
 
     from serverless_gpu import runtime
 
+    started_warm = warm()
     runtime.init_process_group()
     value = torch.ones(1)
     dist.all_reduce(value)
@@ -47,12 +55,18 @@ def gloo_sockets() -> dict[str, Any]:
         if c.laddr
     ]
     dist.destroy_process_group()
-    return {"sum": float(value), "sockets": sockets, "store_port": int(os.environ["MASTER_PORT"])}
+    return {
+        "sum": float(value),
+        "sockets": sockets,
+        "store_port": int(os.environ["MASTER_PORT"]),
+        "warm": started_warm,
+    }
 
 
 def accelerate_step() -> dict[str, Any]:
     from accelerate import Accelerator
 
+    started_warm = warm()
     accelerator = Accelerator()
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -65,6 +79,7 @@ def accelerate_step() -> dict[str, Any]:
         "world_size": accelerator.num_processes,
         "distributed_type": str(accelerator.distributed_type),
         "params": _params(model),
+        "warm": started_warm,
     }
 
 
@@ -83,6 +98,7 @@ class _Regressor(nn.Module):
 def hf_trainer_step(output_dir: str) -> dict[str, Any]:
     from transformers import Trainer, TrainingArguments
 
+    started_warm = warm()
     rank = _rank()
     x, y = _batch(rank)
     data = [{"x": x[i], "labels": y[i]} for i in range(len(x))]
@@ -107,12 +123,14 @@ def hf_trainer_step(output_dir: str) -> dict[str, Any]:
         "world_size": args.world_size,
         "parallel_mode": str(args.parallel_mode),
         "params": _params(model),
+        "warm": started_warm,
     }
 
 
 def fabric_step() -> dict[str, Any]:
     from lightning.fabric import Fabric
 
+    started_warm = warm()
     fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
     fabric.launch()
     model = _model()
@@ -122,7 +140,7 @@ def fabric_step() -> dict[str, Any]:
     loss = nn.functional.mse_loss(model(x), y)
     fabric.backward(loss)
     optimizer.step()
-    return {"world_size": fabric.world_size, "params": _params(model)}
+    return {"world_size": fabric.world_size, "params": _params(model), "warm": started_warm}
 
 
 def trainer_env() -> dict[str, str | None]:
@@ -132,6 +150,7 @@ def trainer_env() -> dict[str, str | None]:
 def deepspeed_step(stage: int) -> dict[str, Any]:
     import deepspeed
 
+    started_warm = warm()
     model = _model()
     config = {
         "train_micro_batch_size_per_gpu": 8,
@@ -148,4 +167,4 @@ def deepspeed_step(stage: int) -> dict[str, Any]:
     loss = nn.functional.mse_loss(engine(x), y)
     engine.backward(loss)
     engine.step()
-    return {"world_size": engine.world_size, "params": _params(engine.module)}
+    return {"world_size": engine.world_size, "params": _params(engine.module), "warm": started_warm}

@@ -1,0 +1,115 @@
+"""Process groups formed ahead of the call (``warm_process_group``), in CPU mode over gloo.
+
+A call of the same shape goes first in each test: its end makes the standby set that the call
+under test takes, so that call starts with the set's group (``warm`` True at entry).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import psutil
+import pytest
+import warm_fns
+
+from serverless_gpu import distributed
+from serverless_gpu.proctitle import is_launcher
+
+OPTIONS: dict[str, Any] = {"gpus": 2, "timeout": 120, "tracking": False, "output": "none"}
+
+
+def _after_a_call(fn: Any, **options: Any) -> Any:
+    distributed(**OPTIONS)(warm_fns.warm).distributed()
+    return distributed(**{**OPTIONS, **options})(fn)
+
+
+def test_the_call_takes_the_warm_group_and_a_second_init_is_torchs_own() -> None:
+    results = _after_a_call(warm_fns.init_use_destroy_twice).distributed()
+    for rank, seen in enumerate(results):
+        assert seen["warm"] is True
+        assert seen["first"] == (rank, 2, "gloo", 2.0)
+        assert not seen["first_store_is_master_port"]  # the group formed ahead of the call
+        assert seen["after_destroy"] is False
+        assert seen["second"] == (rank, 2, 2.0)
+        assert seen["second_store_is_master_port"]  # MASTER_PORT is the call's, and free
+
+
+def test_runtime_init_with_a_timeout_takes_the_group_with_that_timeout() -> None:
+    results = _after_a_call(warm_fns.runtime_init_with_timeout).distributed()
+    assert results == [{"warm": True, "timeout_s": 42.0, "taken": True, "sum": 2.0}] * 2
+
+
+def test_an_init_with_a_store_of_its_own_drops_the_warm_group() -> None:
+    results = _after_a_call(warm_fns.init_with_own_store).distributed()
+    assert results == [{"warm": True, "store_is_master_port": True, "sum": 2.0}] * 2
+
+
+def test_a_backend_that_disagrees_fails_as_it_does_without_the_warm_group() -> None:
+    """nccl on CPU ranks: the warm gloo group is not handed over; torch's own error arrives."""
+    with pytest.raises(Exception) as warm:
+        _after_a_call(warm_fns.init_nccl).distributed()
+    with pytest.raises(Exception) as cold:
+        distributed(**OPTIONS, warm_process_group=False)(warm_fns.init_nccl).distributed()
+    assert type(warm.value) is type(cold.value)
+    assert str(warm.value).splitlines()[0] == str(cold.value).splitlines()[0]
+
+
+def test_warm_process_group_false_starts_without_a_group() -> None:
+    distributed(**OPTIONS)(warm_fns.warm).distributed()  # leaves a set with a group
+    fn = distributed(**OPTIONS, warm_process_group=False)(warm_fns.init_use_destroy_twice)
+    for seen in fn.distributed():
+        assert seen["warm"] is False
+        assert seen["first_store_is_master_port"]
+
+
+def test_a_changed_nccl_setting_gets_fresh_ranks_then_warm_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NCCL and gloo read their settings once per process: a set formed under others cannot
+    serve the call; the next set is formed under the new ones."""
+    fn = _after_a_call(warm_fns.warm)
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    assert fn.distributed() == [False, False]
+    assert fn.distributed() == [True, True]
+
+
+def test_a_group_that_cannot_be_formed_leaves_the_call_without_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface0")
+    fn = _after_a_call(warm_fns.warm)
+    handle = fn.start()
+    assert handle.result(timeout=60) == [False, False]
+    for rank in (0, 1):
+        assert "no process group made ahead of the call" in handle.logs(rank)
+
+
+def _launcher() -> psutil.Process:
+    found = [p for p in psutil.Process().children() if is_launcher(p.cmdline())]
+    assert len(found) == 1
+    return found[0]
+
+
+def _results_folders() -> set[str]:
+    root = f"/dev/shm/serverless-gpu-{os.getuid()}"
+    return set(os.listdir(root)) if os.path.isdir(root) else set()
+
+
+def test_a_hundred_warm_calls_leak_nothing() -> None:
+    fn = _after_a_call(warm_fns.init_all_reduce_destroy)
+    assert fn.distributed() == [2.0, 2.0]
+    launcher = _launcher()
+    fds, threads = launcher.num_fds(), launcher.num_threads()
+    results = _results_folders()
+    for _ in range(100):
+        assert fn.distributed() == [2.0, 2.0]
+    deadline = time.monotonic() + 30
+    while len(launcher.children()) > 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the last call's ranks exit after its results
+    children = [p.cmdline() for p in launcher.children()]
+    assert len(children) == 2, children  # the next call's standby set, nothing else
+    assert launcher.num_fds() <= fds, os.listdir(f"/proc/{launcher.pid}/fd")
+    assert launcher.num_threads() == threads
+    assert _results_folders() <= results  # every call's results folder was deleted

@@ -1,0 +1,85 @@
+"""Functions the warm-group tests run in every rank (a module of their own, so that ranks
+unpickle them by reference)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def store_port() -> int:
+    """The port of the default group's rendezvous store."""
+    store: Any = dist.distributed_c10d._get_default_store()
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return int(store.port)
+
+
+def warm() -> bool:
+    return dist.is_initialized()
+
+
+def _all_reduce() -> float:
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    return float(value)
+
+
+def init_use_destroy_twice() -> dict[str, Any]:
+    """init, all-reduce, destroy; then the same again (the second group is torch's own)."""
+    seen: dict[str, Any] = {"warm": dist.is_initialized()}
+    dist.init_process_group("gloo")
+    seen["first"] = (dist.get_rank(), dist.get_world_size(), dist.get_backend(), _all_reduce())
+    seen["first_store_is_master_port"] = store_port() == int(os.environ["MASTER_PORT"])
+    dist.destroy_process_group()
+    seen["after_destroy"] = dist.is_initialized()
+    dist.init_process_group("gloo")
+    seen["second"] = (dist.get_rank(), dist.get_world_size(), _all_reduce())
+    seen["second_store_is_master_port"] = store_port() == int(os.environ["MASTER_PORT"])
+    dist.destroy_process_group()
+    return seen
+
+
+def runtime_init_with_timeout() -> dict[str, Any]:
+    from serverless_gpu import runtime
+
+    warm_at_start = dist.is_initialized()
+    runtime.init_process_group(timeout=timedelta(seconds=42))
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))  # type: ignore[union-attr]
+    return {
+        "warm": warm_at_start,
+        "timeout_s": backend.options._timeout.total_seconds(),
+        "taken": store_port() != int(os.environ["MASTER_PORT"]),
+        "sum": _all_reduce(),
+    }
+
+
+def init_with_own_store() -> dict[str, Any]:
+    warm_at_start = dist.is_initialized()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(
+        "127.0.0.1", int(os.environ["MASTER_PORT"]), world, rank == 0, timeout=timedelta(seconds=60)
+    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    return {
+        "warm": warm_at_start,
+        "store_is_master_port": store_port() == int(os.environ["MASTER_PORT"]),
+        "sum": _all_reduce(),
+    }
+
+
+def init_nccl() -> bool:
+    warm_at_start = dist.is_initialized()
+    dist.init_process_group("nccl")
+    return warm_at_start
+
+
+def init_all_reduce_destroy() -> float:
+    dist.init_process_group("gloo")
+    total = _all_reduce()
+    dist.destroy_process_group()
+    return total
