@@ -52,6 +52,17 @@ def _run(entry: float, job: str, device: str, out_dir: str | None, cfg: dict[str
         allreduce_once(device)
         _destroy()
         return entry
+    if job == "parts":  # the allreduce job, with the time of each step
+        import torch.distributed as dist
+
+        times = {"entry": entry, "warm": float(dist.is_initialized())}
+        init_group(device)
+        times["init"] = time.time()
+        allreduce_once(device)
+        times["allreduce"] = time.time()
+        _destroy()
+        times["destroy"] = time.time()
+        return times
     if job == "ddp":
         import json
 

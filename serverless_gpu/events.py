@@ -145,7 +145,8 @@ class OutputLines:
 
 @dataclass(frozen=True)
 class RankFinished:
-    """A rank process ended."""
+    """A rank process ended; in a successful run, the rank returned (``exit_code`` None: the
+    run is reported before its processes' teardown)."""
 
     run_id: str
     rank: int
@@ -159,7 +160,9 @@ class RankFinished:
 
 @dataclass(frozen=True)
 class RunFinished:
-    """Every rank process of the run is gone; results (or the root-cause failure) are final."""
+    """The run is over; results (or the root-cause failure) are final. A failed or stopped
+    run's rank processes are gone; a successful run is reported as soon as every rank has
+    written its result, and its processes exit (communicator and CUDA teardown) after."""
 
     run_id: str
     status: RunStatus

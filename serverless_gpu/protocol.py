@@ -110,7 +110,8 @@ class RankSpec:
 
 @dataclass(frozen=True)
 class Release:
-    """Every rank has returned: exit now (ranks wait, so rank 0's TCPStore outlives its peers)."""
+    """Every rank has returned: shut down the communicators and exit now (ranks wait for it,
+    so rank 0's TCPStore outlives its peers)."""
 
 
 # --- rank -> launcher --------------------------------------------------------------------

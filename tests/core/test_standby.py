@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import psutil
@@ -22,7 +23,13 @@ def _launcher() -> psutil.Process:
 
 
 def _ranks(launcher: psutil.Process) -> set[int]:
-    return {p.pid for p in launcher.children() if p.status() != psutil.STATUS_ZOMBIE}
+    """The launcher's live children (a call's ranks exit after its results are back)."""
+    live = set()
+    for child in launcher.children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                live.add(child.pid)
+    return live
 
 
 def _wait_ranks(launcher: psutil.Process, count: int, timeout: float = 30) -> set[int]:
