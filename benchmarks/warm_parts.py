@@ -29,8 +29,14 @@ from typing import Any
 import _common as C
 import _jobs
 
-STEPS = ("call -> user code", "init_process_group", "first all-reduce", "destroy_process_group")
-STEPS += ("last rank returned -> results back", "call -> results back")
+STEPS: tuple[str, ...] = (
+    "call -> user code",
+    "init_process_group",
+    "first all-reduce",
+    "destroy_process_group",
+    "last rank returned -> results back",
+    "call -> results back",
+)
 
 
 def parts(t_call: float, t_back: float, ranks: list[dict[str, float]]) -> list[float]:

@@ -14,26 +14,64 @@ from typing import Any
 
 from .runpaths import RunPaths
 
+_warmup: tuple[Any, int] | None = None
+"""(the group formed ahead of the call, the newest record of its warm-up collective)."""
 
-def dump(path: Path) -> bool:
-    """In a rank: write the flight recorder's pickle to ``path`` (atomically); False when
-    there is nothing to dump (no process group, a torch without it)."""
+
+def _records() -> dict[str, Any] | None:
+    """The flight recorder's records in this rank, or None (no group, a torch without it)."""
     torch = sys.modules.get("torch")
     if torch is None or "torch.distributed" not in sys.modules:
-        return False
+        return None
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return False
+        return None
     c10d = torch._C._distributed_c10d
     # NCCL's recorder first (CUDA builds); _dump_fr_trace holds the other backends' records.
     dumper = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
     if dumper is None:
-        return False
+        return None
     # No stack traces: symbolizing them can take seconds, and the ranks are stopped soon.
-    data = dumper(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    data = pickle.loads(dumper(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+    return data if isinstance(data, dict) else None
+
+
+def mark_warmup() -> None:
+    """In a standby rank, after its group's warm-up collective: that collective is not the
+    user's, so dumps leave it out and number the group's collectives from the user's first."""
+    global _warmup
+    import torch.distributed as dist
+
+    data = _records()
+    newest = max((e.get("record_id", -1) for e in (data or {}).get("entries", [])), default=-1)
+    _warmup = (dist.group.WORLD, newest)
+
+
+def _without_warmup(data: dict[str, Any]) -> dict[str, Any]:
+    if _warmup is None:
+        return data
+    import torch.distributed as dist
+
+    group: Any = _warmup[0]
+    newest = _warmup[1]
+    entries = [e for e in data.get("entries", []) if e.get("record_id", -1) > newest]
+    if group is not None and dist.group.WORLD is group:  # taken: its first collective was #2
+        name = getattr(group, "group_name", "")
+        for e in entries:
+            if (e.get("process_group") or ("",))[0] == name and not e.get("is_p2p"):
+                e["collective_seq_id"] = e.get("collective_seq_id", 1) - 1
+    return {**data, "entries": entries}
+
+
+def dump(path: Path) -> bool:
+    """In a rank: write the flight recorder's pickle to ``path`` (atomically); False when
+    there is nothing to dump (no process group, a torch without it)."""
+    data = _records()
+    if data is None:
+        return False
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
+    tmp.write_bytes(pickle.dumps(_without_warmup(data)))
     tmp.replace(path)
     return True
 

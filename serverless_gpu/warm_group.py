@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from . import flight
+
 FORM_TIMEOUT_S = 60.0
 """How long a standby rank waits for its peers at the rendezvous before giving up the group."""
 
@@ -87,6 +89,7 @@ def form(plan: GroupPlan) -> bool:
         probe = torch.zeros(1, device=device or "cpu")
         dist.all_reduce(probe)  # connects the communicator's peers now, not in the call
         probe.item()
+        flight.mark_warmup()
     except Exception as exc:
         print(f"serverless-gpu: no process group made ahead of the call: {exc}", file=sys.stderr)
         with contextlib.suppress(Exception):

@@ -6,8 +6,10 @@ under test takes, so that call starts with the set's group (``warm`` True at ent
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -56,6 +58,16 @@ def test_a_backend_that_disagrees_fails_as_it_does_without_the_warm_group() -> N
     assert str(warm.value).splitlines()[0] == str(cold.value).splitlines()[0]
 
 
+def test_the_flight_recorder_counts_the_calls_collectives_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The group's warm-up all-reduce is not the user's: the hang doctor's ``#N`` counts from
+    the call's first collective."""
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "100")
+    fn = _after_a_call(warm_fns.last_collective_after_three)
+    assert fn.distributed(str(tmp_path)) == ["gloo:all_reduce #3 (scheduled)"] * 2
+
+
 def test_warm_process_group_false_starts_without_a_group() -> None:
     distributed(**OPTIONS)(warm_fns.warm).distributed()  # leaves a set with a group
     fn = distributed(**OPTIONS, warm_process_group=False)(warm_fns.init_use_destroy_twice)
@@ -92,9 +104,19 @@ def _launcher() -> psutil.Process:
     return found[0]
 
 
+def _live_children(launcher: psutil.Process) -> list[int]:
+    live = []
+    for child in launcher.children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                live.append(child.pid)
+    return live
+
+
 def _results_folders() -> set[str]:
     root = f"/dev/shm/serverless-gpu-{os.getuid()}"
-    return set(os.listdir(root)) if os.path.isdir(root) else set()
+    names = os.listdir(root) if os.path.isdir(root) else []
+    return {name for name in names if "init_all_reduce_destroy" in name}
 
 
 def test_a_hundred_warm_calls_leak_nothing() -> None:
@@ -106,9 +128,8 @@ def test_a_hundred_warm_calls_leak_nothing() -> None:
     for _ in range(100):
         assert fn.distributed() == [2.0, 2.0]
     deadline = time.monotonic() + 30
-    while len(launcher.children()) > 2 and time.monotonic() < deadline:
+    while len(children := _live_children(launcher)) != 2 and time.monotonic() < deadline:
         time.sleep(0.05)  # the last call's ranks exit after its results
-    children = [p.cmdline() for p in launcher.children()]
     assert len(children) == 2, children  # the next call's standby set, nothing else
     assert launcher.num_fds() <= fds, os.listdir(f"/proc/{launcher.pid}/fd")
     assert launcher.num_threads() == threads

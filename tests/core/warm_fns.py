@@ -72,6 +72,22 @@ def init_with_own_store() -> dict[str, Any]:
     }
 
 
+def last_collective_after_three(folder: str) -> str:
+    """Three all-reduces, then the flight recorder as the hang doctor reads it."""
+    from pathlib import Path
+
+    from serverless_gpu import flight
+    from serverless_gpu.runpaths import RunPaths
+
+    dist.init_process_group("gloo")
+    for _ in range(3):
+        _all_reduce()
+    paths = RunPaths(Path(folder) / os.environ["RANK"])
+    paths.flight_recorder(0).parent.mkdir(parents=True)
+    flight.dump(paths.flight_recorder(0))
+    return flight.last_collective(paths, 0)
+
+
 def init_nccl() -> bool:
     warm_at_start = dist.is_initialized()
     dist.init_process_group("nccl")
