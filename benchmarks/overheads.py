@@ -3,7 +3,7 @@
 * DDP training step time under ``@distributed`` vs the same step function under torchrun;
 * one rank raising (its peer blocked in a collective) -> the caller's exception;
 * ``handle.cancel()`` and ``timeout=`` -> every rank process gone (and, on GPUs, memory back);
-* result transfer of a large tensor per rank (GB/s);
+* result transfer of a large tensor per rank (GB/s), as a CPU tensor and (on GPUs) a CUDA one;
 * a log flood of 100,000 lines per rank: how much slower the rank's own print loop runs.
 
     PYTHONPATH=. python benchmarks/overheads.py [--gpus N] [--cpu] [--reps K] [--quick] [--out F]
@@ -26,7 +26,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -77,11 +77,20 @@ def hang(device: str, out_dir: str, gib: float) -> None:
     time.sleep(3600)
 
 
-def blob(nbytes: int, send: bool) -> Any:
-    """A CPU tensor of ``nbytes`` made in the rank, returned or dropped (same work, no transfer)."""
+def blob(nbytes: int, send: bool, on_gpu: bool = False, ways: tuple[str, ...] | None = None) -> Any:
+    """A tensor of ``nbytes`` made in the rank, on its CPU or its GPU, returned or dropped (same
+    work, no transfer). ``ways``: the device -> host copies the library may use for a CUDA
+    result (``cuda_copy.ORDER``; ``()``: torch's plain copy; None: the library's default)."""
     import torch
 
-    tensor = torch.ones(nbytes // 4, dtype=torch.float32)
+    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if on_gpu else "cpu"
+    tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    if on_gpu:
+        torch.cuda.synchronize()  # made, whether it is returned or not
+    if ways is not None:
+        from serverless_gpu import cuda_copy
+
+        cuda_copy.ORDER = ways
     return tensor if send else None
 
 
@@ -333,27 +342,38 @@ def transfer_section(c: Caller) -> Section:
     fn = c.decorate(blob)
     total_gb = c.s.world_size * nbytes / 1e9
     where = results_root()
-    agg, raw, timings = transfer_rates(c, fn, nbytes, total_gb)
+    calls = {
+        "cpu": partial(fn.distributed, nbytes, True),
+        "none": partial(fn.distributed, nbytes, False),
+    }
+    if not c.s.cpu:  # the same on the GPU, side by side: CUDA results, default and plain copy
+        calls["cuda"] = partial(fn.distributed, nbytes, True, True)
+        calls["cuda none"] = partial(fn.distributed, nbytes, False, True)
+        calls["cuda plain"] = partial(fn.distributed, nbytes, True, True, ())
+    times = timed_calls(c, calls)
+    agg, raw = net_rate(total_gb, times, "cpu", "none"), total_gb / C.median(times["cpu"])
     # Side by side: the same calls with the results written to the run directory instead.
     previous = os.environ.get(RESULTS_DIR_ENV)
     os.environ[RESULTS_DIR_ENV] = "off"  # read by the caller when it makes a run directory
     try:
-        disk_agg, disk_raw, _ = transfer_rates(c, fn, nbytes, total_gb)
+        disk = timed_calls(c, {k: calls[k] for k in ("cpu", "none")})
     finally:
         if previous is None:
             os.environ.pop(RESULTS_DIR_ENV)
         else:
             os.environ[RESULTS_DIR_ENV] = previous
+    disk_agg = net_rate(total_gb, disk, "cpu", "none")
     r = file_path_rates(nbytes, where)
     text = (
         f"Each rank makes a {nbytes / 2**30:g} GiB CPU float32 tensor and returns it, against the "
-        f"same call returning None (same work, no transfer): {timings}. Results written to "
+        f"same call returning None (same work, no transfer): {C.fmt_s(times['cpu'])} vs "
+        f"{C.fmt_s(times['none'])}. Results written to "
         f"{where or 'the run directory'} ({fs_type(where)}). Aggregate = {c.s.world_size} x "
         f"{nbytes / 2**30:g} GiB / difference = {agg:.2f} GB/s; raw = over the whole call = "
         f"{raw:.2f} GB/s. Side by side with the results in the run directory "
         f"({fs_type(None)}, {RESULTS_DIR_ENV}=off): aggregate {disk_agg:.2f} GB/s, raw "
-        f"{disk_raw:.2f} GB/s. Breakdown, one tensor in this process, in the results folder: "
-        f"the library's dump_result {r['lib_dump']:.2f} GB/s and load_result "
+        f"{total_gb / C.median(disk['cpu']):.2f} GB/s. Breakdown, one tensor in this process, in "
+        f"the results folder: the library's dump_result {r['lib_dump']:.2f} GB/s and load_result "
         f"{r['lib_load']:.2f} GB/s (memory-mapped: pages are read when first touched); the same "
         f"tensor as a protocol-5 numpy pickle: dump {r['np_dump']:.2f}, load "
         f"{r['np_load']:.2f} GB/s. Floor: a plain copy into fresh memory runs at "
@@ -364,21 +384,48 @@ def transfer_section(c: Caller) -> Section:
         ["result transfer, raw (whole call)", "(info)", f"{raw:.2f} GB/s", ""],
         ["result transfer, aggregate, run directory", "(info)", f"{disk_agg:.2f} GB/s", ""],
     ]
+    if not c.s.cpu:
+        cuda_text, cuda_rows = cuda_transfer(c, times, total_gb)
+        text, rows = f"{text} {cuda_text}", cuda_rows + rows
     return "Result transfer", text, rows
 
 
-def transfer_rates(c: Caller, fn: Any, nbytes: int, total_gb: float) -> tuple[float, float, str]:
-    """Aggregate and raw GB/s of calls returning a tensor per rank vs the same returning None."""
-    sent: list[float] = []
-    kept: list[float] = []
+def cuda_transfer(
+    c: Caller, times: dict[str, list[float]], total_gb: float
+) -> tuple[str, list[list[str]]]:
+    """The CUDA results' part of the transfer section, from the same run's timings."""
+    cuda, plain = (net_rate(total_gb, times, k, "cuda none") for k in ("cuda", "cuda plain"))
+    text = (
+        f"In the same run, interleaved with those calls, each rank makes the tensor on its GPU "
+        f"and returns it as a CUDA tensor (the caller gets CPU tensors), against the same call "
+        f"returning None: {C.fmt_s(times['cuda'])} vs {C.fmt_s(times['cuda none'])}; aggregate "
+        f"{cuda:.2f} GB/s (CPU tensor: {net_rate(total_gb, times, 'cpu', 'none'):.2f} GB/s). "
+        f"The same with torch's plain pageable device -> host copy (cuda_copy.ORDER = ()): "
+        f"{C.fmt_s(times['cuda plain'])}, aggregate {plain:.2f} GB/s."
+    )
+    rows = [
+        ["CUDA result transfer, aggregate", ">= 5 GB/s", f"{cuda:.2f} GB/s"],
+        ["CUDA result transfer, plain pageable copy", "(info)", f"{plain:.2f} GB/s", ""],
+    ]
+    rows[0].append(check(cuda, 5.0, True))
+    return text, rows
+
+
+def timed_calls(c: Caller, calls: Mapping[str, Callable[[], Any]]) -> dict[str, list[float]]:
+    """Seconds of each call, ``c.s.reps`` times, the calls interleaved."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(c.s.reps):
-        for send, into in ((True, sent), (False, kept)):
+        for name, call in calls.items():
             time.sleep(c.settle)
-            t_call, t_back, _values = C.timed(partial(fn.distributed, nbytes, send))
+            t_call, t_back, _values = C.timed(call)
             del _values
-            into.append(t_back - t_call)
-    net = C.median(sent) - C.median(kept)
-    return total_gb / net, total_gb / C.median(sent), f"{C.fmt_s(sent)} vs {C.fmt_s(kept)}"
+            times[name].append(t_back - t_call)
+    return times
+
+
+def net_rate(total_gb: float, times: dict[str, list[float]], sent: str, kept: str) -> float:
+    """GB/s of ``sent`` over ``kept`` (medians): the transfer alone."""
+    return total_gb / (C.median(times[sent]) - C.median(times[kept]))
 
 
 def file_path_rates(nbytes: int, folder: Path | None) -> dict[str, float]:

@@ -11,9 +11,13 @@ measures that write in this process, each repetition into a new file, methods in
 * ``mmap copy xK``: the file mapped shared, the tensor copied in by ``Tensor.copy_`` with K
   torch threads (page faults in parallel).
 
-Where CUDA is available, the same tensor on GPU 0 through ``dump_result`` (torch copies it to
-host memory, then writes) and through ``mmap copy`` (copied from the device straight into the
-mapped file).
+Where CUDA is available, the same tensor on GPU 0 through ``dump_result`` with each of the
+library's ways to copy a CUDA storage into the mapped file (``cuda_copy.ORDER``): ``register``
+(the file's pages page-locked, the device writes them), ``staged`` (through pinned buffers,
+overlapped) and ``plain`` (torch's pageable copy), and through ``mmap copy`` (torch's copy into
+a mapped file without reserved pages). Then the parts of the ``register`` way, timed one by one
+(reserving the pages, page-locking them, the device's copy, unlocking), and two floors: the
+same copy into pinned memory, and a CPU copy from pinned memory into a reserved mapped file.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 import torch
 
+from serverless_gpu import cuda_copy
 from serverless_gpu.serialization import dump_result
 
 
@@ -102,11 +107,13 @@ def main() -> None:
         **{f"mmap copy x{k}": mmap_copy(k) for k in ks},
     }
     sources = {name: tensor for name in methods}
-    if torch.cuda.is_available():
-        on_gpu = tensor.cuda()
-        for name, method in (("dump_result", dump_result), ("mmap copy x1", mmap_copy(1))):
-            methods[f"cuda {name}"] = method
-            sources[f"cuda {name}"] = on_gpu
+    on_gpu = tensor.cuda() if torch.cuda.is_available() else None
+    if on_gpu is not None:
+        for way in ("register", "staged", "plain"):
+            methods[f"cuda dump_result {way}"] = dump_with(() if way == "plain" else (way,))
+            sources[f"cuda dump_result {way}"] = on_gpu
+        methods["cuda mmap copy x1"] = mmap_copy(1)
+        sources["cuda mmap copy x1"] = on_gpu
     rates: dict[str, list[float]] = {name: [] for name in methods}
     path = Path(a.dir) / f"tmpfs-write-{os.getpid()}"
     for _ in range(a.reps):
@@ -123,6 +130,63 @@ def main() -> None:
     print("| --- | --- | --- |")
     for name, rs in rates.items():
         print(f"| {name} | {statistics.median(rs):.2f} | {', '.join(f'{r:.2f}' for r in rs)} |")
+    if on_gpu is not None:
+        parts = [register_parts(on_gpu, path) for _ in range(a.reps)]
+        print("\nParts of the register way and floors, ms (median of the reps):")
+        for key in parts[0]:
+            print(f"- {key}: {statistics.median(p[key] for p in parts) * 1e3:.1f}")
+
+
+def dump_with(order: tuple[str, ...]) -> Callable[[torch.Tensor, Path], None]:
+    def run(tensor: torch.Tensor, path: Path) -> None:
+        saved, cuda_copy.ORDER = cuda_copy.ORDER, order
+        try:
+            dump_result(tensor, path)
+        finally:
+            cuda_copy.ORDER = saved
+
+    return run
+
+
+def register_parts(src: torch.Tensor, path: Path) -> dict[str, float]:
+    """Seconds of each part of the register way, and of the two floors, for ``src``."""
+    n, src_bytes = src.nbytes, src.view(-1).view(torch.uint8)
+    cudart = torch.cuda.cudart()
+    times: dict[str, float] = {}
+
+    def part(name: str, action: Callable[[], Any]) -> Any:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        value = action()
+        torch.cuda.synchronize()
+        times[name] = time.perf_counter() - t0
+        return value
+
+    def reserved_mapping() -> torch.Tensor:
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, n)
+        finally:
+            os.close(fd)
+        return torch.from_file(str(path), shared=True, size=n, dtype=torch.uint8)
+
+    dst = part("reserve and map the file", reserved_mapping)
+    ok = part("cudaHostRegister", lambda: cudart.cudaHostRegister(dst.data_ptr(), n, 1))
+    if ok == cudart.cudaError.success:
+        part("device -> registered file copy", lambda: dst.copy_(src_bytes))
+        part("cudaHostUnregister", lambda: cudart.cudaHostUnregister(dst.data_ptr()))
+    else:
+        times["cudaHostRegister failed"] = float("nan")
+    pinned = part(
+        "pinned alloc (floor: not needed by register)",
+        lambda: torch.empty(n, dtype=torch.uint8, pin_memory=True),
+    )
+    part("device -> pinned copy (floor)", lambda: pinned.copy_(src_bytes))
+    again = reserved_mapping()
+    part("pinned -> reserved mapped file, CPU copy (staged floor)", lambda: again.copy_(pinned))
+    path.unlink()  # the mappings go with this function's frame
+    return times
 
 
 if __name__ == "__main__":

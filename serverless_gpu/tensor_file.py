@@ -2,8 +2,8 @@
 
 The rank maps the file and copies each storage into it with ``Tensor.copy_``, so torch's
 threads fault the fresh tmpfs pages in parallel, where a ``write()`` into tmpfs is one
-thread under the inode lock (``benchmarks/tmpfs_write.py`` measures both). A CUDA tensor is
-copied from the device straight into the file instead of first into a host buffer.
+thread under the inode lock (``benchmarks/tmpfs_write.py`` measures both). CUDA tensors are
+copied from the device straight into the mapped file by :mod:`cuda_copy`.
 The caller maps the file privately: its tensors are views of the mapping, read when first
 touched.
 
@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import cloudpickle
+
+from . import cuda_copy
 
 MAGIC = b"SGPUTEN1"
 _HEADER = struct.Struct("<8sQ")  # magic, length of the pickle that follows
@@ -98,9 +100,15 @@ def dump(
                 f.seek(data_start + offset)
                 f.write(_host_buffer(storage, torch))
         return
+    on_gpu = []
     for offset, storage in pickler.storages:
         start = data_start + offset
-        into[start : start + storage.nbytes()].copy_(_as_bytes(storage, torch))
+        if storage.device.type == "cuda":
+            on_gpu.append((start, _as_bytes(storage, torch)))
+        else:
+            into[start : start + storage.nbytes()].copy_(_as_bytes(storage, torch))
+    if on_gpu:
+        cuda_copy.copy_into(into, on_gpu, torch)
 
 
 def _reserve(fd: int, nbytes: int) -> bool:
