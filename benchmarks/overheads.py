@@ -77,21 +77,31 @@ def hang(device: str, out_dir: str, gib: float) -> None:
     time.sleep(3600)
 
 
-def blob(nbytes: int, send: bool, on_gpu: bool = False, ways: tuple[str, ...] | None = None) -> Any:
+def blob(nbytes: int, send: bool, on_gpu: bool = False, copy: dict[str, Any] | None = None) -> Any:
     """A tensor of ``nbytes`` made in the rank, on its CPU or its GPU, returned or dropped (same
-    work, no transfer). ``ways``: the device -> host copies the library may use for a CUDA
-    result (``cuda_copy.ORDER``; ``()``: torch's plain copy; None: the library's default)."""
+    work, no transfer). ``copy``: settings of ``serverless_gpu.cuda_copy`` for a CUDA result
+    (which ways it may take; None: the library's defaults)."""
     import torch
 
     device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if on_gpu else "cpu"
     tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     if on_gpu:
         torch.cuda.synchronize()  # made, whether it is returned or not
-    if ways is not None:
+    if copy:
         from serverless_gpu import cuda_copy
 
-        cuda_copy.ORDER = ways
+        for name, value in copy.items():
+            setattr(cuda_copy, name, value)
     return tensor if send else None
+
+
+CUDA_WAYS: dict[str, dict[str, Any]] = {
+    "register x1": {"ORDER": ("register",), "REGISTER_THREADS": 1},
+    "staged": {"ORDER": ("staged",)},
+    "plain": {"ORDER": ()},
+}
+"""The library's other ways to copy a CUDA result, timed beside its default (settings of
+``serverless_gpu.cuda_copy``; ``plain`` is torch's pageable copy)."""
 
 
 FLOOD_LINE = "step {:7d} | loss 2.345678 | lr 3.0e-04 | tokens/s 123456.7 | grad-norm 0.98"
@@ -349,7 +359,8 @@ def transfer_section(c: Caller) -> Section:
     if not c.s.cpu:  # the same on the GPU, side by side: CUDA results, default and plain copy
         calls["cuda"] = partial(fn.distributed, nbytes, True, True)
         calls["cuda none"] = partial(fn.distributed, nbytes, False, True)
-        calls["cuda plain"] = partial(fn.distributed, nbytes, True, True, ())
+        for way, settings in CUDA_WAYS.items():
+            calls[f"cuda {way}"] = partial(fn.distributed, nbytes, True, True, settings)
     times = timed_calls(c, calls)
     agg, raw = net_rate(total_gb, times, "cpu", "none"), total_gb / C.median(times["cpu"])
     # Side by side: the same calls with the results written to the run directory instead.
@@ -385,29 +396,39 @@ def transfer_section(c: Caller) -> Section:
         ["result transfer, aggregate, run directory", "(info)", f"{disk_agg:.2f} GB/s", ""],
     ]
     if not c.s.cpu:
-        cuda_text, cuda_rows = cuda_transfer(c, times, total_gb)
+        cuda_text, cuda_rows = cuda_transfer(times, total_gb)
         text, rows = f"{text} {cuda_text}", cuda_rows + rows
     return "Result transfer", text, rows
 
 
-def cuda_transfer(
-    c: Caller, times: dict[str, list[float]], total_gb: float
-) -> tuple[str, list[list[str]]]:
+def cuda_transfer(times: dict[str, list[float]], total_gb: float) -> tuple[str, list[list[str]]]:
     """The CUDA results' part of the transfer section, from the same run's timings."""
-    cuda, plain = (net_rate(total_gb, times, k, "cuda none") for k in ("cuda", "cuda plain"))
+    from serverless_gpu import cuda_copy  # no torch, no CUDA: only its defaults are read
+
+    cuda, cpu = (
+        net_rate(total_gb, times, "cuda", "cuda none"),
+        net_rate(total_gb, times, "cpu", "none"),
+    )
+    ways = {way: net_rate(total_gb, times, f"cuda {way}", "cuda none") for way in CUDA_WAYS}
     text = (
         f"In the same run, interleaved with those calls, each rank makes the tensor on its GPU "
         f"and returns it as a CUDA tensor (the caller gets CPU tensors), against the same call "
-        f"returning None: {C.fmt_s(times['cuda'])} vs {C.fmt_s(times['cuda none'])}; aggregate "
-        f"{cuda:.2f} GB/s (CPU tensor: {net_rate(total_gb, times, 'cpu', 'none'):.2f} GB/s). "
-        f"The same with torch's plain pageable device -> host copy (cuda_copy.ORDER = ()): "
-        f"{C.fmt_s(times['cuda plain'])}, aggregate {plain:.2f} GB/s."
+        f"returning None: {C.fmt_s(times['cuda'])} vs {C.fmt_s(times['cuda none'])} with the "
+        f"library's defaults (ways {cuda_copy.ORDER}, register threads "
+        f"{cuda_copy.REGISTER_THREADS}); aggregate {cuda:.2f} GB/s (CPU tensor: "
+        f"{cpu:.2f} GB/s). "
+        "The same with each other way the library has to copy a CUDA result "
+        "(settings of serverless_gpu.cuda_copy; plain = torch's pageable copy): "
+        + "; ".join(
+            f"{way} {C.fmt_s(times[f'cuda {way}'])}, aggregate {ways[way]:.2f} GB/s"
+            for way in CUDA_WAYS
+        )
+        + "."
     )
-    rows = [
-        ["CUDA result transfer, aggregate", ">= 5 GB/s", f"{cuda:.2f} GB/s"],
-        ["CUDA result transfer, plain pageable copy", "(info)", f"{plain:.2f} GB/s", ""],
-    ]
+    rows = [["CUDA result transfer, aggregate", ">= 5 GB/s", f"{cuda:.2f} GB/s"]]
     rows[0].append(check(cuda, 5.0, True))
+    for way, rate in ways.items():
+        rows.append([f"CUDA result transfer, {way}, aggregate", "(info)", f"{rate:.2f} GB/s", ""])
     return text, rows
 
 

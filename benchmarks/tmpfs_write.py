@@ -12,12 +12,13 @@ measures that write in this process, each repetition into a new file, methods in
   torch threads (page faults in parallel).
 
 Where CUDA is available, the same tensor on GPU 0 through ``dump_result`` with each of the
-library's ways to copy a CUDA storage into the mapped file (``cuda_copy.ORDER``): ``register``
-(the file's pages page-locked, the device writes them), ``staged`` (through pinned buffers,
-overlapped) and ``plain`` (torch's pageable copy), and through ``mmap copy`` (torch's copy into
-a mapped file without reserved pages). Then the parts of the ``register`` way, timed one by one
-(reserving the pages, page-locking them, the device's copy, unlocking), and two floors: the
-same copy into pinned memory, and a CPU copy from pinned memory into a reserved mapped file.
+library's ways to copy a CUDA storage into the mapped file (``CUDA_WAYS``): ``register xK``
+(the file's pages page-locked by K threads, the device writes them), ``staged`` (through
+pinned buffers, overlapped) and ``plain`` (torch's pageable copy); and through ``mmap copy``
+(torch's copy into a mapped file without reserved pages). Then the parts of the ``register``
+way, timed one by one (reserving the pages, page-locking them, the device's copy, unlocking),
+and two floors: the same copy into pinned memory, and a CPU copy from pinned memory into a
+reserved mapped file.
 """
 
 from __future__ import annotations
@@ -109,8 +110,8 @@ def main() -> None:
     sources = {name: tensor for name in methods}
     on_gpu = tensor.cuda() if torch.cuda.is_available() else None
     if on_gpu is not None:
-        for way in ("register", "staged", "plain"):
-            methods[f"cuda dump_result {way}"] = dump_with(() if way == "plain" else (way,))
+        for way, settings in CUDA_WAYS.items():
+            methods[f"cuda dump_result {way}"] = dump_with(settings)
             sources[f"cuda dump_result {way}"] = on_gpu
         methods["cuda mmap copy x1"] = mmap_copy(1)
         sources["cuda mmap copy x1"] = on_gpu
@@ -137,13 +138,25 @@ def main() -> None:
             print(f"- {key}: {statistics.median(p[key] for p in parts) * 1e3:.1f}")
 
 
-def dump_with(order: tuple[str, ...]) -> Callable[[torch.Tensor, Path], None]:
+CUDA_WAYS: dict[str, dict[str, Any]] = {
+    "register x1": {"ORDER": ("register",), "REGISTER_THREADS": 1},
+    "register x4": {"ORDER": ("register",), "REGISTER_THREADS": 4},
+    "staged": {"ORDER": ("staged",)},
+    "plain": {"ORDER": ()},
+}
+"""Each way of the library's to copy a CUDA storage into the file, as settings of cuda_copy."""
+
+
+def dump_with(settings: dict[str, Any]) -> Callable[[torch.Tensor, Path], None]:
     def run(tensor: torch.Tensor, path: Path) -> None:
-        saved, cuda_copy.ORDER = cuda_copy.ORDER, order
+        saved = {name: getattr(cuda_copy, name) for name in settings}
+        for name, value in settings.items():
+            setattr(cuda_copy, name, value)
         try:
             dump_result(tensor, path)
         finally:
-            cuda_copy.ORDER = saved
+            for name, value in saved.items():
+                setattr(cuda_copy, name, value)
 
     return run
 
@@ -176,6 +189,15 @@ def register_parts(src: torch.Tensor, path: Path) -> dict[str, float]:
     if ok == cudart.cudaError.success:
         part("device -> registered file copy", lambda: dst.copy_(src_bytes))
         part("cudaHostUnregister", lambda: cudart.cudaHostUnregister(dst.data_ptr()))
+        pieces = [(dst.data_ptr() + a, b - a) for a, b in cuda_copy._pieces(0, n)]
+        dev = src.device
+        lock = [(cudart.cudaHostRegister, p, size, 1) for p, size in pieces]
+        part(
+            "cudaHostRegister, 4 pieces in 4 threads",
+            lambda: cuda_copy._in_threads(torch, dev, n, lock),
+        )
+        unlock = [(cudart.cudaHostUnregister, p) for p, _ in pieces]
+        part("cudaHostUnregister, 4 threads", lambda: cuda_copy._in_threads(torch, dev, n, unlock))
     else:
         times["cudaHostRegister failed"] = float("nan")
     pinned = part(

@@ -30,6 +30,7 @@ ORDER: tuple[str, ...] = ("register", "staged")
 compare them."""
 CHUNK_BYTES = 64 << 20
 BUFFERS = 2
+REGISTER_THREADS = 4
 MIN_FAST_BYTES = 1 << 20
 """A run of CUDA storages smaller than this is copied plainly: setting up costs more."""
 _PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every device's context
@@ -86,35 +87,66 @@ def _registered(into: Any, run: list[Part], torch: Any) -> bool:
     """Page-lock the run's range of the mapping, let the devices write it, unlock it. False
     where the range cannot be page-locked (nothing was copied then)."""
     start, end = _span(run)
-    pointer, nbytes = into.data_ptr() + start, end - start
-    device = run[0][1].device
-    cudart = torch.cuda.cudart()
-    if not _in_thread(torch, device, nbytes, cudart.cudaHostRegister, pointer, nbytes, _PORTABLE):
+    cudart, device, nbytes = torch.cuda.cudart(), run[0][1].device, end - start
+    pieces = _pieces(start, end)
+    base = into.data_ptr()
+    register = [(cudart.cudaHostRegister, base + a, b - a, _PORTABLE) for a, b in pieces]
+    ok = _in_threads(torch, device, nbytes, register)
+    unlock = [
+        (cudart.cudaHostUnregister, base + a)
+        for (a, _), done in zip(pieces, ok, strict=True)
+        if done
+    ]
+    if not all(ok):
+        _in_threads(torch, device, nbytes, unlock)
         return False
-    for offset, src in run:
+    # One copy per piece: a copy across two registrations would be taken for pageable memory.
+    for offset, src in _split(run, [a for a, _ in pieces[1:]]):
         into[offset : offset + src.numel()].copy_(src, non_blocking=True)
     # The registration stays on a timeout: the device may still be writing into those pages.
     _wait([_record(torch, torch.cuda.current_stream(d)) for d in _devices(run)], nbytes)
-    _in_thread(torch, device, nbytes, cudart.cudaHostUnregister, pointer)
+    _in_threads(torch, device, nbytes, unlock)
     return True
 
 
-def _in_thread(torch: Any, device: Any, nbytes: int, call: Callable[..., Any], *args: Any) -> bool:
-    """``call(*args)`` (a CUDA runtime call) in a thread of its own, on ``device``: True where
-    it succeeded. A failed runtime call is also left as that thread's last CUDA error, which
-    torch would otherwise report at this thread's next kernel launch."""
-    outcome: list[bool] = []
+def _pieces(start: int, end: int) -> list[tuple[int, int]]:
+    """REGISTER_THREADS page-aligned pieces ``[a, b)`` of ``[start, end)`` (``start`` is on a
+    page): pinning walks every page, and threads pin their pieces side by side."""
+    n = REGISTER_THREADS
+    cuts = [start + (end - start) * i // n // 4096 * 4096 for i in range(n)]
+    return [(a, b) for a, b in zip(cuts, [*cuts[1:], end], strict=True) if b > a]
 
-    def run() -> None:
+
+def _split(run: list[Part], cuts: list[int]) -> Iterator[Part]:
+    """The run's parts, each cut where it crosses one of the offsets ``cuts`` (sorted)."""
+    for offset, src in run:
+        end = offset + src.numel()
+        inside = [c for c in cuts if offset < c < end]
+        for a, b in zip([offset, *inside], [*inside, end], strict=True):
+            yield a, src[a - offset : b - offset]
+
+
+def _in_threads(torch: Any, device: Any, nbytes: int, calls: list[tuple[Any, ...]]) -> list[bool]:
+    """Each ``(function, *args)`` of ``calls`` (CUDA runtime calls) in a thread of its own, on
+    ``device``, all at once: whether each succeeded. A failed runtime call is also left as its
+    thread's last CUDA error, which torch would otherwise report at this thread's next kernel
+    launch."""
+    outcome = [False] * len(calls)
+
+    def run(i: int) -> None:
         torch.cuda.set_device(device)
-        outcome.append(call(*args) == torch.cuda.cudart().cudaError.success)
+        call, *args = calls[i]
+        outcome[i] = call(*args) == torch.cuda.cudart().cudaError.success
 
-    thread = threading.Thread(target=run, name="sgpu-cuda-register", daemon=True)
-    thread.start()
-    thread.join(max(0.0, _deadline(nbytes) - time.monotonic()))
-    if thread.is_alive():
-        raise TimeoutError(f"{call.__name__} of {nbytes} bytes did not return in time")
-    return bool(outcome and outcome[0])
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    deadline = _deadline(nbytes)
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            raise TimeoutError(f"page-locking {nbytes} bytes for the GPU did not end in time")
+    return outcome
 
 
 def _staged(into: Any, run: list[Part], torch: Any) -> bool:
@@ -153,8 +185,7 @@ def _staged(into: Any, run: list[Part], torch: Any) -> bool:
 
 def _chunks(run: list[Part]) -> Iterator[Part]:
     for offset, src in run:
-        for at in range(0, src.numel(), CHUNK_BYTES):
-            yield offset + at, src[at : at + CHUNK_BYTES]
+        yield from _split([(offset, src)], list(range(offset, offset + src.numel(), CHUNK_BYTES)))
 
 
 def _devices(run: list[Part]) -> list[Any]:

@@ -4,6 +4,8 @@ fast ways themselves need a GPU: ``scripts/cuda_copy_check.py``)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -45,3 +47,20 @@ def test_small_runs_take_the_plain_copy_without_cuda() -> None:
     assert torch.equal(into[:5000], a) and torch.equal(into[8192:8292], b)
     assert not into[5000:8192].any()
     assert not torch.cuda.is_initialized()
+
+
+def test_registration_pieces_are_page_aligned_and_cover_the_range() -> None:
+    end = 10 * 4096 + 5
+    pieces = cuda_copy._pieces(0, end)
+    assert len(pieces) == cuda_copy.REGISTER_THREADS
+    assert pieces[0][0] == 0 and pieces[-1][1] == end
+    assert all(a % 4096 == 0 and a < b for a, b in pieces)
+    assert all(b == c for (_, b), (c, _) in itertools.pairwise(pieces))
+    assert cuda_copy._pieces(4096, 4196) == [(4096, 4196)]  # too small to share out
+
+
+def test_parts_are_split_where_registrations_meet() -> None:
+    a, b = _byte_tensor(10, 0), _byte_tensor(5000, 1)
+    split = list(cuda_copy._split([(0, a), (4096, b)], [8192]))
+    assert [(offset, src.numel()) for offset, src in split] == [(0, 10), (4096, 4096), (8192, 904)]
+    assert torch.equal(torch.cat([src for _, src in split[1:]]), b)
