@@ -95,11 +95,7 @@ def blob(nbytes: int, send: bool, on_gpu: bool = False, copy: dict[str, Any] | N
     return tensor if send else None
 
 
-CUDA_WAYS: dict[str, dict[str, Any]] = {
-    "register x1": {"ORDER": ("register",), "REGISTER_THREADS": 1},
-    "staged": {"ORDER": ("staged",)},
-    "plain": {"ORDER": ()},
-}
+CUDA_WAYS: dict[str, dict[str, Any]] = {"plain": {"STAGED": False}}
 """The library's other ways to copy a CUDA result, timed beside its default (settings of
 ``serverless_gpu.cuda_copy``; ``plain`` is torch's pageable copy)."""
 
@@ -414,9 +410,8 @@ def cuda_transfer(times: dict[str, list[float]], total_gb: float) -> tuple[str, 
         f"In the same run, interleaved with those calls, each rank makes the tensor on its GPU "
         f"and returns it as a CUDA tensor (the caller gets CPU tensors), against the same call "
         f"returning None: {C.fmt_s(times['cuda'])} vs {C.fmt_s(times['cuda none'])} with the "
-        f"library's defaults (ways {cuda_copy.ORDER}, register threads "
-        f"{cuda_copy.REGISTER_THREADS}); aggregate {cuda:.2f} GB/s (CPU tensor: "
-        f"{cpu:.2f} GB/s). "
+        f"library's default (cuda_copy.STAGED = {cuda_copy.STAGED}); aggregate {cuda:.2f} GB/s "
+        f"(CPU tensor: {cpu:.2f} GB/s). "
         "The same with each other way the library has to copy a CUDA result "
         "(settings of serverless_gpu.cuda_copy; plain = torch's pageable copy): "
         + "; ".join(

@@ -12,13 +12,12 @@ measures that write in this process, each repetition into a new file, methods in
   torch threads (page faults in parallel).
 
 Where CUDA is available, the same tensor on GPU 0 through ``dump_result`` with each of the
-library's ways to copy a CUDA storage into the mapped file (``CUDA_WAYS``): ``register xK``
-(the file's pages page-locked by K threads, the device writes them), ``staged`` (through
-pinned buffers, overlapped) and ``plain`` (torch's pageable copy); and through ``mmap copy``
-(torch's copy into a mapped file without reserved pages). Then the parts of the ``register``
-way, timed one by one (reserving the pages, page-locking them, the device's copy, unlocking),
-and two floors: the same copy into pinned memory, and a CPU copy from pinned memory into a
-reserved mapped file.
+library's ways to copy a CUDA storage into the mapped file (``CUDA_WAYS``): ``staged``
+(through pinned buffers, overlapped with the stores and the file's reservation) and
+``plain`` (torch's pageable copy); and through ``mmap copy`` (torch's copy into a mapped file
+without reserved pages). Then the parts, timed one by one: reserving the whole file at once
+(``posix_fallocate``, one thread), the device's copy into pinned memory, and a CPU copy from
+pinned memory into the reserved mapped file.
 """
 
 from __future__ import annotations
@@ -132,18 +131,13 @@ def main() -> None:
     for name, rs in rates.items():
         print(f"| {name} | {statistics.median(rs):.2f} | {', '.join(f'{r:.2f}' for r in rs)} |")
     if on_gpu is not None:
-        parts = [register_parts(on_gpu, path) for _ in range(a.reps)]
-        print("\nParts of the register way and floors, ms (median of the reps):")
-        for key in parts[0]:
-            print(f"- {key}: {statistics.median(p[key] for p in parts) * 1e3:.1f}")
+        timed = [parts(on_gpu, path) for _ in range(a.reps)]
+        print(f"\nParts, {nbytes / 2**30:g} GiB, ms (median of the reps):")
+        for key in timed[0]:
+            print(f"- {key}: {statistics.median(p[key] for p in timed) * 1e3:.1f}")
 
 
-CUDA_WAYS: dict[str, dict[str, Any]] = {
-    "register x1": {"ORDER": ("register",), "REGISTER_THREADS": 1},
-    "register x4": {"ORDER": ("register",), "REGISTER_THREADS": 4},
-    "staged": {"ORDER": ("staged",)},
-    "plain": {"ORDER": ()},
-}
+CUDA_WAYS: dict[str, dict[str, Any]] = {"staged": {"STAGED": True}, "plain": {"STAGED": False}}
 """Each way of the library's to copy a CUDA storage into the file, as settings of cuda_copy."""
 
 
@@ -161,10 +155,9 @@ def dump_with(settings: dict[str, Any]) -> Callable[[torch.Tensor, Path], None]:
     return run
 
 
-def register_parts(src: torch.Tensor, path: Path) -> dict[str, float]:
-    """Seconds of each part of the register way, and of the two floors, for ``src``."""
+def parts(src: torch.Tensor, path: Path) -> dict[str, float]:
+    """Seconds of each part of writing ``src`` into a result file, timed one by one."""
     n, src_bytes = src.nbytes, src.view(-1).view(torch.uint8)
-    cudart = torch.cuda.cudart()
     times: dict[str, float] = {}
 
     def part(name: str, action: Callable[[], Any]) -> Any:
@@ -184,30 +177,11 @@ def register_parts(src: torch.Tensor, path: Path) -> dict[str, float]:
             os.close(fd)
         return torch.from_file(str(path), shared=True, size=n, dtype=torch.uint8)
 
-    dst = part("reserve and map the file", reserved_mapping)
-    ok = part("cudaHostRegister", lambda: cudart.cudaHostRegister(dst.data_ptr(), n, 1))
-    if ok == cudart.cudaError.success:
-        part("device -> registered file copy", lambda: dst.copy_(src_bytes))
-        part("cudaHostUnregister", lambda: cudart.cudaHostUnregister(dst.data_ptr()))
-        pieces = [(dst.data_ptr() + a, b - a) for a, b in cuda_copy._pieces(0, n)]
-        dev = src.device
-        lock = [(cudart.cudaHostRegister, p, size, 1) for p, size in pieces]
-        part(
-            "cudaHostRegister, 4 pieces in 4 threads",
-            lambda: cuda_copy._in_threads(torch, dev, n, lock),
-        )
-        unlock = [(cudart.cudaHostUnregister, p) for p, _ in pieces]
-        part("cudaHostUnregister, 4 threads", lambda: cuda_copy._in_threads(torch, dev, n, unlock))
-    else:
-        times["cudaHostRegister failed"] = float("nan")
-    pinned = part(
-        "pinned alloc (floor: not needed by register)",
-        lambda: torch.empty(n, dtype=torch.uint8, pin_memory=True),
-    )
-    part("device -> pinned copy (floor)", lambda: pinned.copy_(src_bytes))
-    again = reserved_mapping()
-    part("pinned -> reserved mapped file, CPU copy (staged floor)", lambda: again.copy_(pinned))
-    path.unlink()  # the mappings go with this function's frame
+    dst = part("reserve the whole file at once, and map it", reserved_mapping)
+    pinned = part("pinned alloc", lambda: torch.empty(n, dtype=torch.uint8, pin_memory=True))
+    part("device -> pinned copy", lambda: pinned.copy_(src_bytes))
+    part("pinned -> reserved mapped file, CPU copy", lambda: dst.copy_(pinned))
+    path.unlink()  # the mapping goes with this function's frame
     return times
 
 

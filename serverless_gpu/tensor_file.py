@@ -2,34 +2,35 @@
 
 The rank maps the file and copies each storage into it with ``Tensor.copy_``, so torch's
 threads fault the fresh tmpfs pages in parallel, where a ``write()`` into tmpfs is one
-thread under the inode lock (``benchmarks/tmpfs_write.py`` measures both). CUDA tensors are
-copied from the device straight into the mapped file by :mod:`cuda_copy`.
-The caller maps the file privately: its tensors are views of the mapping, read when first
-touched.
+thread under the inode lock (``benchmarks/tmpfs_write.py`` measures both). CUDA tensors go
+through pinned buffers (:mod:`cuda_copy`). The caller maps the file privately: its tensors
+are views of the mapping, read when first touched.
 
 A store into a mapped page that the filesystem cannot back kills the process with SIGBUS
-instead of failing a ``write()``. The mapped writer therefore reserves the file's data pages
-(``posix_fallocate``) before it maps the file: other writers fill the same tmpfs between any
-free-space check and the stores. It is used only where the folder seems to have room for every
-local rank's result of this size; elsewhere, or where the filesystem cannot reserve space,
-:func:`dump` writes the same file with ``write()``. A full folder reaches the caller of
-:func:`dump` as an ``OSError`` (``ENOSPC``) from either writer.
+instead of failing a ``write()``. The mapped writer therefore reserves the file's pages
+(``posix_fallocate``) before it stores into them: other writers fill the same tmpfs between
+any free-space check and the stores. It reserves chunk by chunk in a thread, each chunk's
+stores waiting for that chunk (:mod:`file_space`). It is used only where the folder seems to
+have room for every local rank's result of this size; elsewhere, or where the filesystem
+cannot reserve space, :func:`dump` writes the same file with ``write()``. A full folder
+reaches the caller of :func:`dump` as an ``OSError`` (``ENOSPC``) from either writer.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import io
+import itertools
 import os
 import pickle
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import cloudpickle
 
-from . import cuda_copy
+from . import cuda_copy, file_space
 
 MAGIC = b"SGPUTEN1"
 _HEADER = struct.Struct("<8sQ")  # magic, length of the pickle that follows
@@ -92,35 +93,35 @@ def dump(
         f.write(_HEADER.pack(MAGIC, len(meta.getbuffer())))
         f.write(meta.getbuffer())
         f.truncate(total)
-        mapped = mapped and pickler.data_bytes > 0 and _reserve(f.fileno(), total)
-    into = _map(path, total, torch) if mapped else None
-    if into is None:
-        with open(path, "r+b") as f:
-            for offset, storage in pickler.storages:
-                f.seek(data_start + offset)
-                f.write(_host_buffer(storage, torch))
-        return
-    on_gpu = []
-    for offset, storage in pickler.storages:
-        start = data_start + offset
-        if storage.device.type == "cuda":
-            on_gpu.append((start, _as_bytes(storage, torch)))
-        else:
-            into[start : start + storage.nbytes()].copy_(_as_bytes(storage, torch))
-    if on_gpu:
-        cuda_copy.copy_into(into, on_gpu, torch)
+        if mapped and pickler.data_bytes > 0:
+            with file_space.Reservation(f.fileno(), total) as reserved:
+                into = _map(path, total, torch) if reserved.supported else None
+                if into is not None:
+                    _store(into, data_start, pickler.storages, torch, reserved.wait)
+                    return
+    with open(path, "r+b") as f:
+        for offset, storage in pickler.storages:
+            f.seek(data_start + offset)
+            f.write(_host_buffer(storage, torch))
 
 
-def _reserve(fd: int, nbytes: int) -> bool:
-    """Back every page of the file before it is mapped; False where the filesystem cannot
-    reserve space at all (the ``write()`` writer is then used). A full filesystem raises."""
-    try:
-        os.posix_fallocate(fd, 0, nbytes)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        return False
-    return True
+def _store(
+    into: Any,
+    data_start: int,
+    storages: list[tuple[int, Any]],
+    torch: Any,
+    ready: Callable[[int], None],
+) -> None:
+    """Copy the storages into the mapped file in file order, each chunk once ``ready`` says its
+    pages are reserved; CUDA storages next to each other go through :mod:`cuda_copy` together."""
+    for on_gpu, group in itertools.groupby(storages, key=lambda s: s[1].device.type == "cuda"):
+        parts = [(data_start + offset, _as_bytes(storage, torch)) for offset, storage in group]
+        if on_gpu:
+            cuda_copy.copy_into(into, parts, torch, ready)
+            continue
+        for offset, src in (piece for part in parts for piece in file_space.pieces(*part)):
+            ready(offset + src.numel())
+            into[offset : offset + src.numel()].copy_(src)
 
 
 def _map(path: Path, nbytes: int, torch: Any) -> Any:

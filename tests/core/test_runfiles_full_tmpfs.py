@@ -50,14 +50,17 @@ def mount_tmpfs(tmp_path: Path) -> Iterator[MountTmpfs]:
             subprocess.run(["umount", "-l", str(where)], timeout=30, check=True)
 
 
-def test_mapped_writer_reports_a_full_tmpfs_as_oserror(mount_tmpfs: MountTmpfs) -> None:
+@pytest.mark.parametrize("chunk", [32 << 20, 1 << 20], ids=["at-once", "in-the-background"])
+def test_mapped_writer_reports_a_full_tmpfs_as_oserror(mount_tmpfs: MountTmpfs, chunk: int) -> None:
     small_tmpfs = mount_tmpfs("4m")
-    # In a child: on a writer that does not reserve its space, the store is SIGBUS.
+    # In a child: on a writer that does not reserve its space, the store is SIGBUS. With 1 MiB
+    # chunks the tmpfs fills up in the reservation's thread, while the writer stores.
     code = textwrap.dedent(
         f"""
         import errno, torch
         from pathlib import Path
-        from serverless_gpu import tensor_file
+        from serverless_gpu import file_space, tensor_file
+        file_space.CHUNK_BYTES = {chunk}
         big = torch.ones(8 << 20, dtype=torch.uint8)  # twice the tmpfs
         try:
             tensor_file.dump(big, Path({str(small_tmpfs / "result")!r}), torch, mapped=True)
