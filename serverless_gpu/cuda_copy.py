@@ -9,7 +9,7 @@ reserved (:mod:`file_space`).
 
 Page-locking the mapped file itself (``cudaHostRegister``) and letting the device write it was
 measured too and lost: pinning fresh pages walks them in one thread, 0.5 s a GiB there
-(``benchmarks/results/cuda-results-1xH200.txt``).
+(``benchmarks/results/cuda-results-1xH200-register.txt``).
 
 Where no pinned memory can be had, torch's own copy does it. Each rank copies into its own file:
 nothing here is shared between local ranks. The side stream first waits for the current stream
