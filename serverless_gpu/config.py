@@ -55,7 +55,8 @@ class DistributedConfig:
     gloo on CPU), so ``init_process_group`` in the call returns at once when its backend,
     rank, world size and device agree; and ``destroy_process_group`` in the call returns at
     once, the shutdown following after the result. ``dist.is_initialized()`` is True when the
-    function starts. False: ranks start without a group, and both calls are torch's own."""
+    function starts. False: ranks start without a group, and both calls are torch's own. On the
+    local backend (Ray calls start their actors with the call and form no group ahead)."""
     stop_grace: float = 0.0
     """Seconds a cancel, timeout or interrupt first asks the ranks to stop
     (``runtime.should_stop()`` turns True) before stopping them as usual; a second cancel or
