@@ -98,6 +98,15 @@ def test_a_group_that_cannot_be_formed_leaves_the_call_without_one(
         assert "no process group made ahead of the call" in handle.logs(rank)
 
 
+def test_results_come_back_before_the_ranks_teardown_and_the_next_call_waits_for_it() -> None:
+    """The ranks' group shutdown (made to take 3 s here) runs after the results are back; the
+    next call's ranks start only once those ranks are gone (their memory is free)."""
+    pids = _after_a_call(warm_fns.slow_teardown).distributed(3.0)
+    alive = [pid for pid in pids if psutil.pid_exists(pid)]
+    assert alive == list(pids), "the results waited for the ranks' teardown"
+    assert distributed(**OPTIONS)(warm_fns.gone).distributed(list(pids)) == [True, True]
+
+
 def _launcher() -> psutil.Process:
     found = [p for p in psutil.Process().children() if is_launcher(p.cmdline())]
     assert len(found) == 1

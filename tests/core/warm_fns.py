@@ -99,3 +99,32 @@ def init_all_reduce_destroy() -> float:
     total = _all_reduce()
     dist.destroy_process_group()
     return total
+
+
+def slow_teardown(seconds: float) -> int:
+    """Take the warm group and destroy it, with its shutdown (after the result) made slow."""
+    import time
+
+    from torch.distributed import ProcessGroup
+
+    real = ProcessGroup.__dict__["shutdown"]
+
+    def slow_shutdown(group: Any) -> None:
+        time.sleep(seconds)
+        real(group)
+
+    ProcessGroup.shutdown = slow_shutdown  # type: ignore[method-assign,assignment]
+    dist.init_process_group("gloo")
+    _all_reduce()
+    dist.destroy_process_group()
+    return os.getpid()
+
+
+def gone(pids: list[int]) -> bool:
+    """Whether none of ``pids`` is a live process (checked when this call's user code starts)."""
+    import psutil
+
+    return not any(
+        psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        for pid in pids
+    )
