@@ -140,17 +140,26 @@ def init_process_group(*args: Any, **kwargs: Any) -> None:
     global _plan
     plan = _plan
     if plan is not None:
-        import torch.distributed as dist
-
         why = _disagreement(plan, _real["init_process_group"], args, kwargs)
         _plan = None  # taken or dropped: a later init (after a destroy) is torch's own
-        if why is None:
-            timeout = _bound(_real["init_process_group"], args, kwargs).get("timeout")
-            if timeout is not None:
-                dist.distributed_c10d._set_pg_timeout(timeout)
+        if why is None and _apply_timeout(_bound(_real["init_process_group"], args, kwargs)):
             return
         destroy_process_group()
     _real["init_process_group"](*args, **kwargs)
+
+
+def _apply_timeout(asked: dict[str, Any]) -> bool:
+    """Give the warm group the timeout asked for; False where this torch cannot."""
+    import torch.distributed as dist
+
+    timeout = asked.get("timeout")
+    if timeout is None:
+        return True
+    try:
+        dist.distributed_c10d._set_pg_timeout(timeout)
+    except Exception:  # a torch without it: the group asked for is formed as torch would
+        return False
+    return True
 
 
 def destroy_process_group(*args: Any, **kwargs: Any) -> None:
