@@ -14,7 +14,8 @@ API; the run hook draws it.
 from __future__ import annotations
 
 import traceback
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -35,6 +36,8 @@ from . import magic_args
 from .cellfunc import EmptyCellError, build_cell_function
 from .hook import abandon_unstarted, last_run, renderer_for
 from .tracebacks import Labeler, attach, clean_traceback, ipython_labeler
+
+T = TypeVar("T")
 
 
 class CellSyntaxError(Exception):
@@ -95,12 +98,7 @@ class DistributedMagics(Magics):
         if args.run_async:
             self._start(function, args.out, label)
             return None
-        try:
-            result = function.distributed()
-        except Exception as exc:
-            abandon_unstarted(shell, exc)
-            _show_without_local_frames(exc, label)
-            raise
+        result = _reporting(shell, label, function.distributed)
         renderer = renderer_for(run_id=result.run_id)
         if renderer is not None:
             renderer.show_results([describe_value(v) for v in result])
@@ -126,12 +124,7 @@ class DistributedMagics(Magics):
         background, and ``--out`` binds its handle."""
         shell = self.shell
         assert shell is not None
-        try:
-            handle = function.start()
-        except Exception as exc:
-            abandon_unstarted(shell, exc)
-            _show_without_local_frames(exc, label)
-            raise
+        handle = _reporting(shell, label, function.start)
         if out:
             shell.user_ns[out] = handle
         from .run_table import follow_handle
@@ -162,6 +155,17 @@ def stacks_text(name: str, found: dict[int, str]) -> str:
     for rank, text in sorted(found.items()):
         parts.append(f"--- rank {rank}: {where(text)} ---\n{text.rstrip()}")
     return "\n\n".join(parts)
+
+
+def _reporting(shell: Any, label: Any, call: Callable[[], T]) -> T:
+    """``call()``; an exception it raises is shown without this module's frames, and a run it
+    did not start leaves the cell's widget, before it propagates."""
+    try:
+        return call()
+    except Exception as exc:
+        abandon_unstarted(shell, exc)
+        _show_without_local_frames(exc, label)
+        raise
 
 
 def _show_without_local_frames(exc: BaseException, label: Labeler) -> None:

@@ -143,8 +143,9 @@ class Standby:
 
     def base_env(self) -> dict[str, str]:
         """The launcher's environment with the caller's process-group settings."""
-        base = {k: v for k, v in os.environ.items() if k not in group_env(dict(os.environ))}
-        base.update(self.group_env if self.group_env is not None else group_env(dict(os.environ)))
+        own = group_env(dict(os.environ))
+        base = {k: v for k, v in os.environ.items() if k not in own}
+        base.update(self.group_env if self.group_env is not None else own)
         return base
 
     def refill(self, fork: Callable[[Shape, bool], RankSet]) -> None:
