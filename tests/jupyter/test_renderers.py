@@ -157,9 +157,15 @@ def test_text_renderer_reports_a_failed_run(attach: Any) -> None:
 
     @distributed(gpus=2, gpu_type="cpu", standby=False)
     def fails() -> int:
-        from serverless_gpu.runtime import get_global_rank
+        import torch.distributed as dist
 
-        print(f"rank {get_global_rank()} says hi")
+        from serverless_gpu.runtime import get_global_rank, init_process_group
+
+        print(f"rank {get_global_rank()} says hi", flush=True)
+        # Rank 1 raises only once rank 0 has said hi: otherwise its failure may stop rank 0
+        # before rank 0 printed anything, and the line this test reads never exists.
+        init_process_group()
+        dist.barrier()
         if get_global_rank() == 1:
             raise KeyError("missing shard")
         time.sleep(30)
