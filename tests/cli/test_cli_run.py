@@ -62,6 +62,7 @@ def test_script_trains_the_mlp_with_ddp_and_the_run_is_listed(
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED"
     assert run.info.run_name == "train.py"
+    assert run.data.params["serverless_gpu.timeout"] == "10800"  # the default: 3 h
     assert set(run.data.metrics) >= {"epoch_loss", "loss", "rank_1/loss"}
 
     listed = cli("runs", "list")
