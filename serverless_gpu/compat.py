@@ -23,6 +23,7 @@ from typing import Any
 from .decorator import distributed
 from .errors import ConfigurationError
 from .scripts import ScriptTarget, script_function
+from .vocabulary import TORCH_DISTRIBUTOR, speaking
 
 
 class TorchDistributor:
@@ -48,6 +49,12 @@ class TorchDistributor:
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         """Run ``train_object`` on every process: rank 0's return value for a function,
         ``None`` for a script path."""
+        with speaking(TORCH_DISTRIBUTOR):  # hints name num_processes, use_gpu, local_mode
+            return self._run(train_object, args, kwargs)
+
+    def _run(
+        self, train_object: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         gpu_type = None if self.use_gpu else "cpu"
         remote = not self.local_mode
         if isinstance(train_object, (str, os.PathLike)):

@@ -16,6 +16,7 @@ from .errors import ConfigurationError
 from .gpus import GPUType, check_cpu_count, check_gpu_count, cpu_mode_requested
 from .hangs import DEFAULT_HANG_WARNING_S
 from .retries import type_name
+from .vocabulary import option_name
 
 DEFAULT_TIMEOUT = 10800.0
 DEFAULT_GRACE = 1.0
@@ -158,7 +159,7 @@ def _check_recovery(config: DistributedConfig) -> None:
     retries = config.max_retries
     if not (isinstance(retries, int) and not isinstance(retries, bool) and 0 <= retries <= 100):
         raise ConfigurationError(
-            f"max_retries must be a whole number from 0 to 100, not {retries!r}"
+            f"{option_name('max_retries')} must be a whole number from 0 to 100, not {retries!r}"
         )
     kinds = config.retry_on
     if not (

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import settings
 from .errors import GPUConfigError
+from .vocabulary import option, option_name
 
 CPU_MODE_ENV = settings.DEVICE_TYPE.name
 
@@ -47,7 +48,9 @@ class GPUType(str, enum.Enum):
         if key in cls.__members__:
             return cls[key]
         known = ", ".join(m.value for m in cls)
-        raise GPUConfigError(f"unknown gpu_type {value!r}; expected one of {known}")
+        raise GPUConfigError(
+            f"unknown {option_name('gpu_type')} {value!r}; expected one of {known}"
+        )
 
     @classmethod
     def from_device_name(cls, name: str) -> GPUType | None:
@@ -166,7 +169,7 @@ def check_cpu_count(gpus: int | None) -> None:
     """CPU mode runs every rank on this machine's cores: at most ``settings.MAX_CPU_RANKS``."""
     if gpus is not None and gpus > settings.MAX_CPU_RANKS:
         raise GPUConfigError(
-            f"gpus={gpus} CPU ranks were requested; CPU mode runs at most "
+            f"{option('gpus', gpus)} CPU ranks were requested; CPU mode runs at most "
             f"{settings.MAX_CPU_RANKS} ranks (each a process holding torch on this machine)"
         )
 
@@ -189,7 +192,7 @@ def resolve_placement(gpus: int | None, gpu_type: str | GPUType | None) -> Place
     if not names:
         raise GPUConfigError(
             "no GPU is visible to this process (NVML found none). To run on CPU ranks instead, "
-            f"pass gpu_type='cpu' or set the environment variable {CPU_MODE_ENV}=cpu."
+            f"pass {option('gpu_type', 'cpu')} or set the environment variable {CPU_MODE_ENV}=cpu."
         )
     detected = GPUType.from_device_name(names[0])
     available = f"{len(names)} x {names[0]}"
@@ -197,9 +200,11 @@ def resolve_placement(gpus: int | None, gpu_type: str | GPUType | None) -> Place
         wanted = GPUType.parse(gpu_type)
         if wanted is not detected:
             raise GPUConfigError(
-                f"gpu_type={wanted.value!r} was requested but this machine has {available}"
+                f"{option('gpu_type', wanted.value)} was requested but this machine has {available}"
             )
     if gpus is not None and gpus > len(names):
-        raise GPUConfigError(f"gpus={gpus} was requested but only {available} are visible")
+        raise GPUConfigError(
+            f"{option('gpus', gpus)} was requested but only {available} are visible"
+        )
     count = gpus if gpus is not None else len(names)
     return Placement(count, "cuda", detected or GPUType.OTHER, tuple(names[:count]))

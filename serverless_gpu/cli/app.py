@@ -15,7 +15,7 @@ import click
 from ..console import OUTPUT_CHOICES
 from ..errors import ConfigurationError, DistributedError
 from ..scripts import ScriptTarget
-from .jobfile import JobSpec, load_job
+from .jobfile import DEFAULT_TIMEOUT_S, JobSpec, load_job
 
 # Everything after the script (or module) belongs to it, as with `python script.py args`.
 _RUN_SETTINGS = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
@@ -52,7 +52,10 @@ def _timeout(value: str | None) -> float | None:
 @click.option("-m", "as_module", is_flag=True, help="Run the first argument as a module.")
 @click.option("--gpus", type=click.IntRange(min=1), help="Ranks (default: every GPU, CPU: 2).")
 @click.option("--gpu-type", help="H100, A10, ... or cpu (CPU ranks over gloo).")
-@click.option("--timeout", help="Seconds before every rank is stopped, or 'none' (default 3 h).")
+@click.option(
+    "--timeout",
+    help=f"Seconds before every rank is stopped, or 'none' (default {DEFAULT_TIMEOUT_S:g}: 3 h).",
+)
 @click.option("--max-retries", type=click.IntRange(min=0), default=0, help="Retries on a crash.")
 @click.option("--remote", is_flag=True, help="Run on the remote pool instead of this machine.")
 @click.option("--name", help="The MLflow run's name (default: the script's).")
@@ -67,7 +70,7 @@ def _timeout(value: str | None) -> float | None:
 )
 @click.option("--detach", is_flag=True, help="Start the run in the background and return.")
 @click.option("--announce-fd", type=int, hidden=True)
-@click.option("--job-json", hidden=True)
+@click.option("--job-fd", type=int, hidden=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(**params: Any) -> None:
     """Run SCRIPT [-- ARGS] (or -m MODULE ARGS, or -f job.yaml) on every rank.
@@ -76,11 +79,11 @@ def run(**params: Any) -> None:
     __name__ == "__main__"). Exit status: 0 success, 1 a rank failed, 2 bad options,
     124 timed out, 130 interrupted or cancelled.
     """
-    from .launch import detach, run_job
+    from .launch import detach, read_job, run_job
 
     ctx = click.get_current_context()
     try:
-        job = _job(ctx, params)
+        job = read_job(params["job_fd"]) if params["job_fd"] is not None else _job(ctx, params)
         if params["detach"]:
             ctx.exit(detach(job))
         ctx.exit(run_job(job, params["output"], params["announce_fd"]))
@@ -96,8 +99,6 @@ class BadRun(click.ClickException):
 
 def _job(ctx: click.Context, params: dict[str, Any]) -> JobSpec:
     """The run asked for: the job file (or the script), with the options given overriding it."""
-    if params["job_json"]:
-        return JobSpec.model_validate_json(params["job_json"])
     command = list(params["command"])
     if params["job_file"]:
         if command:

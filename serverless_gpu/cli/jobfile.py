@@ -17,17 +17,32 @@ Relative paths are relative to the current directory, as on the command line.
 from __future__ import annotations
 
 import difflib
+import os
 import shlex
+import stat
 from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+)
+from pydantic_core import PydanticCustomError
 
 from ..errors import ConfigurationError
 from ..scripts import ScriptTarget
 
 _PYTHONS = {"python", "python3"}
+DEFAULT_TIMEOUT_S = 3 * 3600.0
+"""A run's timeout unless the command line or the job file says otherwise (``none``: no limit):
+a hung nightly job must not run forever."""
+MAX_JOB_FILE_BYTES = 1 << 20
+"""A job file is a few lines; anything larger is not one (``/dev/zero`` never ends)."""
 
 
 def _as_text(value: Any) -> Any:
@@ -38,6 +53,26 @@ def _as_text(value: Any) -> Any:
 
 
 Text = Annotated[str, BeforeValidator(_as_text)]
+
+
+def _env_name(name: str) -> str:
+    if not name or "=" in name or "\0" in name:
+        raise PydanticCustomError(
+            "env_name",
+            "{name} is not a variable name (no '=', no NUL, not empty)",
+            {"name": repr(name)},
+        )
+    return name
+
+
+def _env_value(value: str) -> str:
+    if "\0" in value:
+        raise PydanticCustomError("env_value", "a value cannot hold a NUL character", {})
+    return value
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+EnvValue = Annotated[Text, AfterValidator(_env_value)]
 
 
 class JobSpec(BaseModel):
@@ -52,8 +87,9 @@ class JobSpec(BaseModel):
     args: list[Text] = Field(default_factory=list)
     gpus: int | None = Field(default=None, ge=1)
     gpu_type: str | None = None
-    timeout_minutes: float | None = Field(default=None, gt=0)
-    env: dict[str, Text] = Field(default_factory=dict)
+    timeout_minutes: float | None = Field(default=DEFAULT_TIMEOUT_S / 60, gt=0)
+    """``None`` (``null`` in the file): no limit."""
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     experiment_name: str | None = None
     run_name: str | None = None
     max_retries: int = Field(default=0, ge=0)
@@ -92,10 +128,7 @@ def _parse_command(command: str | list[str], extra: list[str]) -> ScriptTarget:
 def load_job(path: str | Path) -> JobSpec:
     """The job file as a :class:`JobSpec`; a ConfigurationError names the line and the key."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigurationError(f"cannot read job file {path}: {exc.strerror}") from None
+    text = _read_text(path)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -103,6 +136,11 @@ def load_job(path: str | Path) -> JobSpec:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
         raise ConfigurationError(f"{path}{where}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigurationError(
+            f"job file {path}: nested too deeply to be a job file (lists or mappings inside "
+            "each other thousands of times)"
+        ) from None
     if not isinstance(node, yaml.MappingNode) or not isinstance(data, dict):
         line = node.start_mark.line + 1 if node is not None else 1
         raise ConfigurationError(f"{path}:{line}: a job file is a mapping of keys (gpus: 2, ...)")
@@ -111,6 +149,35 @@ def load_job(path: str | Path) -> JobSpec:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
         raise ConfigurationError(_describe(path, node, exc)) from None
+
+
+def _read_text(path: Path) -> str:
+    """The file's text; only a regular file of at most :data:`MAX_JOB_FILE_BYTES` is read (a
+    FIFO is opened without waiting for a writer, and refused)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read job file {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigurationError(
+            f"job file {path}: not a regular file (give the path of a YAML file)"
+        )
+    with os.fdopen(fd, "rb") as f:
+        try:
+            raw = f.read(MAX_JOB_FILE_BYTES + 1)
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read job file {path}: {exc.strerror}") from None
+    if len(raw) > MAX_JOB_FILE_BYTES:
+        raise ConfigurationError(
+            f"job file {path}: larger than {MAX_JOB_FILE_BYTES >> 20} MiB, so not a job file"
+        )
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(
+            f"job file {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
 
 
 def _check_duplicates(path: Path, node: yaml.MappingNode) -> None:
@@ -128,6 +195,8 @@ def _describe(path: Path, node: yaml.Node, exc: ValidationError) -> str:
     lines = []
     for error in exc.errors():
         line, found = _line_of(node, tuple(error["loc"]))
+        if error["loc"][-1:] == ("[key]",):  # a mapping's key: the line is the key's own
+            found = found[:-1]
         key = ".".join(str(part) for part in found) or "(job)"
         if error["type"] == "extra_forbidden":
             hint = difflib.get_close_matches(key, JobSpec.model_fields, n=1)

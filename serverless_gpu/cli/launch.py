@@ -7,6 +7,7 @@ Exit status: 0 when every rank succeeded, 1 when the run failed (the message nam
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import select
 import signal
@@ -18,13 +19,15 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 from ..console import ConsolePrinter
-from ..errors import CancelledError, DistributedTimeoutError
+from ..errors import CancelledError, ConfigurationError, DistributedTimeoutError
 from ..hooks import RunContext, register_hook, unregister_hook
 from ..runpaths import RunPaths
 from ..runrecord import read_record, update_record
 from ..scripts import script_function
+from ..vocabulary import CLI, speaking
 from .jobfile import JobSpec
 
 EXIT_FAILED = 1
@@ -36,11 +39,18 @@ _HOOK_ORDER = 60
 """After the run record's hook, which writes the record this one adds to."""
 _ANNOUNCE_WAIT_S = 180.0
 """How long ``--detach`` waits for the run to start (a first launcher imports torch)."""
+_PIPE_MIN = 65536
+"""A pipe's usual buffer; asked for at least, so that a small job never depends on the call."""
 
 
 def run_job(job: JobSpec, output: str, announce_fd: int | None = None) -> int:
     """Run ``job`` on every rank through ``.distributed()`` (so retries, graceful stops and
     interrupts behave as for a decorated function); the exit status."""
+    with speaking(CLI):  # a hint names --gpu-type, not the decorator's gpu_type=
+        return _run_job(job, output, announce_fd)
+
+
+def _run_job(job: JobSpec, output: str, announce_fd: int | None) -> int:
     target = job.target()
     if job.experiment_name:
         os.environ["MLFLOW_EXPERIMENT_NAME"] = job.experiment_name
@@ -58,17 +68,17 @@ def run_job(job: JobSpec, output: str, announce_fd: int | None = None) -> int:
     runs = _CommandRuns(job.run_name or target.name, target.command_line(), announce_fd)
     register_hook(runs, order=_HOOK_ORDER)
     try:
-        with _terminate_as_interrupt():
+        with _terminate_as_cancel(runs):
             fn.distributed()
         return 0
-    except KeyboardInterrupt:
-        _say(f"run {runs.last_id} stopped: {_stop_reason[0]}")
+    except KeyboardInterrupt as exc:
+        _say(f"run {runs.last_id} stopped: {str(exc) or 'interrupted (Ctrl-C)'}")
         return EXIT_INTERRUPTED
-    except CancelledError as exc:  # cancelled from elsewhere (a hook, the library)
-        _say(f"run {runs.last_id} cancelled: {exc}")
+    except CancelledError as exc:  # SIGTERM (runs cancel), a hook, the library
+        _say(f"run {runs.last_id} {_cancel_reason(runs.last_dir, exc)}")
         return EXIT_INTERRUPTED
     except DistributedTimeoutError as exc:
-        _say(f"run {runs.last_id} timed out: {str(exc).splitlines()[0]}")
+        _say(f"run {runs.last_id} timed out: {exc}")  # with where each rank was
         return EXIT_TIMED_OUT
     except Exception as exc:
         if runs.last_dir is None:
@@ -76,6 +86,14 @@ def run_job(job: JobSpec, output: str, announce_fd: int | None = None) -> int:
         return _failed(runs.last_dir, exc, output)
     finally:
         unregister_hook(runs)
+
+
+def _cancel_reason(run_dir: Path | None, exc: CancelledError) -> str:
+    """``cancelled by ...``: the reason the run's record holds, as ``runs show`` tells it."""
+    reason = str(read_record(run_dir).get("message") or "") if run_dir else ""
+    if not reason:
+        return f"cancelled: {exc}"
+    return reason if reason.startswith("cancelled") else f"cancelled: {reason}"
 
 
 def _failed(run_dir: Path, exc: BaseException, output: str) -> int:
@@ -104,25 +122,39 @@ class _CommandRuns:
         self.announce_fd = announce_fd
         self.last_id = ""
         self.last_dir: Path | None = None
+        self.ctx: RunContext | None = None
+        self.terms = 0
+        """SIGTERMs received; each one after the first stops the ranks at once."""
+        self._terms_sent = 0
 
     def __call__(self, ctx: RunContext) -> None:
-        self.last_id, self.last_dir = ctx.run_id, ctx.run_dir
+        self.last_id, self.last_dir, self.ctx = ctx.run_id, ctx.run_dir, ctx
+        ctx.idle_callbacks.append(self._cancel_on_term)
         update_record(ctx.run_dir, self.fields)
         if self.announce_fd is not None:
             _announce(self.announce_fd, ctx.run_id)
             self.announce_fd = None
 
+    def _cancel_on_term(self) -> None:
+        """Cancel the run for each SIGTERM received: from the waiting loop, which may take the
+        handle's locks, never from the signal handler."""
+        while self.ctx is not None and self._terms_sent < self.terms:
+            self._terms_sent += 1
+            self.ctx.cancel(CANCELLED_BY_SIGTERM)
 
-_stop_reason = ["interrupted (Ctrl-C)"]
+
+CANCELLED_BY_SIGTERM = "cancelled by SIGTERM (`serverless-gpu runs cancel`, or another process)"
 
 
 @contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM (``runs cancel``, a job scheduler) stops the run as Ctrl-C does."""
+def _terminate_as_cancel(runs: _CommandRuns) -> Iterator[None]:
+    """SIGTERM (``runs cancel``, a job scheduler) cancels the run, recorded as such; before
+    any run has started it stops the command as Ctrl-C does."""
 
     def on_term(signum: int, frame: FrameType | None) -> None:
-        _stop_reason[0] = "cancelled (SIGTERM)"
-        raise KeyboardInterrupt
+        runs.terms += 1
+        if runs.ctx is None:
+            raise KeyboardInterrupt(CANCELLED_BY_SIGTERM)
 
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
@@ -148,28 +180,8 @@ def _announce(fd: int, run_id: str) -> None:
 
 def detach(job: JobSpec) -> int:
     """Start the job in a process of its own session and return once it has started."""
-    read_end, write_end = os.pipe()
     with tempfile.TemporaryFile() as early_output:
-        child = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "serverless_gpu.cli",
-                "run",
-                "--output",
-                "none",
-                "--announce-fd",
-                str(write_end),
-                "--job-json",
-                job.model_dump_json(),
-            ],
-            pass_fds=(write_end,),
-            stdin=subprocess.DEVNULL,
-            stdout=early_output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C and a closed terminal do not reach it
-        )
-        os.close(write_end)
+        child, read_end = _start_detached(job, early_output)
         try:
             run_id = _read_announcement(read_end)
         except KeyboardInterrupt:  # Ctrl-C before the run started: it must not start unseen
@@ -194,6 +206,61 @@ def detach(job: JobSpec) -> int:
         sys.stderr.write(early_output.read().decode(errors="replace"))
         _say("the detached run did not start")
         return child.returncode or EXIT_FAILED
+
+
+def _start_detached(job: JobSpec, early_output: IO[bytes]) -> tuple[subprocess.Popen[bytes], int]:
+    """The detached child, and the pipe on which it announces its run. The job (its ``env``
+    may hold tokens) goes through a pipe too: a command line is every local user's to read."""
+    job_fd = _job_pipe(job)
+    read_end, write_end = os.pipe()
+    try:
+        child = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "serverless_gpu.cli", "run", "--output", "none"),
+                *("--announce-fd", str(write_end), "--job-fd", str(job_fd)),
+            ],
+            pass_fds=(write_end, job_fd),
+            stdin=subprocess.DEVNULL,
+            stdout=early_output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C and a closed terminal do not reach it
+        )
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+        os.close(job_fd)
+    return child, read_end
+
+
+def _job_pipe(job: JobSpec) -> int:
+    """The read end of a pipe that holds the job's JSON, whole, its write end closed: the
+    child reads it to the end at once, and nobody ever waits on a full pipe."""
+    data = job.model_dump_json().encode()
+    read_end, write_end = os.pipe()
+    try:
+        with contextlib.suppress(OSError, AttributeError):  # a larger buffer, where allowed
+            fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, max(len(data), _PIPE_MIN))
+        os.set_blocking(write_end, False)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(write_end, view) :]
+    except BlockingIOError:
+        os.close(read_end)
+        raise ConfigurationError(
+            f"the job is too large to pass to a detached run ({len(data)} bytes; the pipe "
+            "takes fewer): pass large values in files rather than in env or args"
+        ) from None
+    finally:
+        os.close(write_end)
+    return read_end
+
+
+def read_job(fd: int) -> JobSpec:
+    """The job a detaching parent put in the pipe ``fd`` (see :func:`_job_pipe`)."""
+    with os.fdopen(fd, "rb") as pipe:
+        return JobSpec.model_validate_json(pipe.read())
 
 
 def _read_announcement(fd: int) -> str:

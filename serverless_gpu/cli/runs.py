@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 
 from ..errors import ConfigurationError
+from ..runpaths import RunPaths
 from ..runrecord import RUNNING, RunInfo, list_runs, read_record
 
 _FOLLOW_POLL_S = 0.2
@@ -56,20 +57,49 @@ def _gpus(run: RunInfo) -> str:
     return f"{size} x {kind}".strip()
 
 
+UNREADABLE = "unreadable"
+"""The status shown for a run whose ``run.json`` is damaged: the other runs are still listed."""
+_DAMAGED = (TypeError, ValueError, AttributeError, OverflowError, KeyError)
+"""What reading a damaged record's fields raises (a number that is text, a date past 9999 ...)."""
+
+
+def _row(run: RunInfo) -> tuple[str, ...]:
+    if _damage(run) is not None:
+        return (run.run_id, run.run_dir.name[:30], UNREADABLE, "-", "-", "-", "-")
+    return _fields(run)
+
+
+def _fields(run: RunInfo) -> tuple[str, ...]:
+    return (
+        run.run_id,
+        run.name[:30],
+        run.status,
+        _gpus(run),
+        _when(run.started),
+        _duration(run.duration),
+        run.mlflow_link or "-",
+    )
+
+
+def _damage(run: RunInfo) -> str | None:
+    """Why the run's record cannot be shown, or None when it can (or there is none: a run
+    directory of an older version)."""
+    if not run.record:
+        path = RunPaths(run.run_dir).record
+        return f"{path} is not a JSON object" if path.exists() else None
+    try:
+        if not isinstance(run.record.get("status", ""), str):
+            raise TypeError("its status is not a word")
+        _fields(run)
+        _when(run.record.get("finished") or 0)  # a time past the year 9999 is no time
+    except _DAMAGED as exc:
+        return f"{RunPaths(run.run_dir).record}: {exc}"
+    return None
+
+
 def list_table(limit: int) -> list[str]:
     header = ("ID", "NAME", "STATUS", "GPUS", "START", "DURATION", "MLFLOW")
-    rows = [
-        (
-            run.run_id,
-            run.name[:30],
-            run.status,
-            _gpus(run),
-            _when(run.started),
-            _duration(run.duration),
-            run.mlflow_link or "-",
-        )
-        for run in list_runs()[:limit]
-    ]
+    rows = [_row(run) for run in list_runs()[:limit]]
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header) - 1)]
     return [
         "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=False))
@@ -80,6 +110,14 @@ def list_table(limit: int) -> list[str]:
 
 
 def show_lines(run: RunInfo) -> list[str]:
+    damage = _damage(run)
+    if damage is not None:
+        return [
+            f"id:        {run.run_id}",
+            f"status:    {UNREADABLE} (its record {damage})",
+            f"run dir:   {run.run_dir}",
+            *(f"log:       rank {rank}: {path}" for rank, path in run.log_paths().items()),
+        ]
     rec = run.record
     lines = [
         f"id:        {run.run_id}",
@@ -197,7 +235,7 @@ def cancel(run: RunInfo) -> str:
     if run.status != RUNNING:
         return run.status
     pid = run.record.get("cli_pid")
-    if not pid:
+    if not isinstance(pid, int) or isinstance(pid, bool):
         raise ConfigurationError(
             f"run {run.run_id} was not started by `serverless-gpu run`: cancel it where it "
             "runs (the notebook's Cancel button, or interrupt the kernel)"

@@ -7,8 +7,10 @@ import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
+import pytest
 from conftest import COMMAND, Cli
 from mlflow import MlflowClient
 
@@ -60,6 +62,7 @@ def test_script_trains_the_mlp_with_ddp_and_the_run_is_listed(
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED"
     assert run.info.run_name == "train.py"
+    assert run.data.params["serverless_gpu.timeout"] == "10800"  # the default: 3 h
     assert set(run.data.metrics) >= {"epoch_loss", "loss", "rank_1/loss"}
 
     listed = cli("runs", "list")
@@ -155,3 +158,84 @@ def test_max_retries_starts_a_crashed_script_again(
     again = cli("run", "--gpus", "2", "--gpu-type", "cpu", "--max-retries", "1", "crash.py")
     assert again.returncode == 0, again.stderr
     assert "[rank 0] attempt 1 done" in again.stdout
+
+
+def _mlflow_run(client: MlflowClient, experiment: str) -> Any:
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None
+    (run,) = client.search_runs([found.experiment_id])
+    return run
+
+
+def test_the_default_timeout_of_3_hours_reaches_the_run(
+    cli: Cli, write: Callable[[str, str], Path], client: MlflowClient, cli_env: str
+) -> None:
+    write("quick.py", "print('done')\n")
+    write("job.yaml", "script: quick.py\ngpus: 1\ngpu_type: cpu\n")  # no timeout_minutes
+    done = cli("run", "-f", "job.yaml")
+    assert done.returncode == 0, done.stderr
+    assert _mlflow_run(client, cli_env).data.params["serverless_gpu.timeout"] == "10800"
+
+
+def test_a_timeout_prints_where_each_rank_was(
+    cli: Cli, write: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    write("naps.py", "import time\n\n\ndef nap():\n    time.sleep(300)\n\n\nnap()\n")
+    done = cli("run", "--gpus", "2", "--gpu-type", "cpu", "--timeout", "3", "naps.py")
+    assert done.returncode == 124, done.stderr
+    assert "ranks still running: 0, 1" in done.stderr
+    for rank in (0, 1):  # the frames the decorator's DistributedTimeoutError carries
+        assert f"  rank {rank}: " in done.stderr and "naps.py:5" in done.stderr
+    assert _record(tmp_path)["status"] == "timed_out"
+
+
+@pytest.mark.parametrize(
+    ("options", "hint"),
+    [
+        (["--gpus", "1"], "pass --gpu-type cpu or set"),
+        (["--gpus", "1000", "--gpu-type", "cpu"], "--gpus 1000 CPU ranks were requested"),
+        (["--gpu-type", "h1000"], "unknown --gpu-type 'h1000'"),
+        (["--remote", "--gpus", "1", "--gpu-type", "cpu"], "--remote runs the call on a Ray"),
+    ],
+)
+def test_hints_speak_the_command_lines_options(
+    cli: Cli,
+    write: Callable[[str, str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    options: list[str],
+    hint: str,
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU, whatever the machine has
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    write("quick.py", "print('done')\n")
+    done = cli("run", *options, "quick.py", timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert hint in done.stderr
+    assert "gpu_type=" not in done.stderr and "remote=True" not in done.stderr
+
+
+def test_runs_cancel_of_a_foreground_run_says_and_records_a_cancel(
+    cli: Cli, write: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    write("sleeps.py", "import time\nprint('ready', flush=True)\ntime.sleep(300)\n")
+    command = [*COMMAND, "run", "--gpus", "1", "--gpu-type", "cpu", "--output", "all"]
+    proc = subprocess.Popen(
+        [*command, "sleeps.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # bounded by the Popen.wait below if the run never starts
+            if line.endswith("] ready\n"):
+                break
+        run_id = _record(tmp_path)["run_id"]
+        cancelled = cli("runs", "cancel", run_id)
+        assert cancelled.stdout.strip() == f"{run_id}: cancelled", cancelled.stderr
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    said = proc.stderr.read() if proc.stderr else ""
+    assert f"run {run_id} cancelled by SIGTERM (`serverless-gpu runs cancel`" in said, said
+    record = _record(tmp_path)
+    assert record["status"] == "cancelled" and "KeyboardInterrupt" not in record["message"]

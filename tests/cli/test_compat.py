@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from serverless_gpu import distributed
 from serverless_gpu.compat import TorchDistributor
 from serverless_gpu.errors import ConfigurationError
 
@@ -56,3 +57,20 @@ def test_what_cannot_run_here_is_refused_when_made() -> None:
         TorchDistributor(num_processes=0)
     with pytest.raises(ConfigurationError, match="keyword arguments"):
         TorchDistributor(use_gpu=False).run("train.py", lr=1)
+
+
+def test_hints_speak_torch_distributors_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU, whatever the machine has
+    monkeypatch.delenv("SERVERLESS_GPU_TYPE", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigurationError, match="pass use_gpu=False or set") as info:
+        TorchDistributor(num_processes=1).run(spark_style_train, 1e-3)
+    assert "gpu_type" not in str(info.value)
+    with pytest.raises(ConfigurationError, match="num_processes=1000 CPU ranks") as info:
+        TorchDistributor(num_processes=1000, use_gpu=False).run(spark_style_train, 1e-3)
+    assert "gpus=" not in str(info.value)
+    with pytest.raises(ConfigurationError, match=r"^local_mode=False runs the call") as info:
+        TorchDistributor(1, local_mode=False, use_gpu=False).run(spark_style_train, 1e-3)
+    assert "remote=True" not in str(info.value)
+    with pytest.raises(ConfigurationError, match="pass gpu_type='cpu' or set"):
+        distributed(gpus=1)(spark_style_train).distributed(1e-3)  # the decorator's own words

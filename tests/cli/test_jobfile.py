@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import resource
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Cli
+from conftest import COMMAND, Cli
 from mlflow import MlflowClient
 
 from serverless_gpu.cli.jobfile import load_job
@@ -107,3 +110,58 @@ def test_a_job_file_runs_with_its_environment_experiment_and_run_name(
     assert found is not None
     (run,) = client.search_runs([found.experiment_id])
     assert run.info.run_name == "greet-nightly" and run.info.status == "FINISHED"
+
+
+def _deep(depth: int) -> str:
+    return "script: t.py\nargs: " + "[" * depth + "]" * depth + "\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"script: t.py\nargs: [\xff\xfe]\n", "job.yaml: not UTF-8 text"),
+        (_deep(20_000).encode(), "job.yaml: nested too deeply"),
+        (b"script: t.py\nenv:\n  A=B: x\n", "job.yaml:3: env: 'A=B' is not a variable name"),
+        (b"script: t.py\nenv:\n  '': x\n", "job.yaml:3: env: '' is not a variable name"),
+        (b'script: t.py\nenv:\n  A: "x\\0y"\n', "job.yaml:3: env.A: a value cannot hold"),
+    ],
+)
+def test_an_unreadable_job_file_is_one_line_naming_it_and_exit_2(
+    cli: Cli, tmp_path: Path, content: bytes, message: str
+) -> None:
+    (tmp_path / "t.py").write_text("")
+    (tmp_path / "job.yaml").write_bytes(content)
+    done = cli("run", "-f", "job.yaml", timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert message in done.stderr
+
+
+def test_a_job_file_that_is_a_folder_or_too_large_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=f"job file {tmp_path}: not a regular file"):
+        load_job(tmp_path)
+    big = tmp_path / "big.yaml"
+    big.write_text("script: t.py\n" + "# padding\n" * 200_000)
+    with pytest.raises(ConfigurationError, match=f"job file {big}: larger than 1 MiB"):
+        load_job(big)
+
+
+def _at_most_2_gib() -> None:
+    # A command that read /dev/zero to the end would take the machine's memory with it.
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+@pytest.mark.parametrize("name", ["job.fifo", "/dev/zero"])
+def test_a_fifo_or_a_device_is_refused_at_once(tmp_path: Path, name: str) -> None:
+    if name == "job.fifo":
+        os.mkfifo(tmp_path / name)  # opening it to read would wait for a writer forever
+    done = subprocess.run(
+        [*COMMAND, "run", "-f", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_at_most_2_gib,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"job file {name}: not a regular file" in done.stderr

@@ -8,6 +8,7 @@ from typing import Any
 from ... import settings
 from ...errors import ConfigurationError
 from ...gpus import GPUType, Placement, check_cpu_count, cpu_mode_requested
+from ...vocabulary import Placeholder, option
 
 HOW_TO_CONNECT = (
     'connect this process to a Ray cluster first: call ray.init(address=...) ("auto" on a '
@@ -25,7 +26,7 @@ def connect() -> Any:
         import ray
     except ImportError:
         raise ConfigurationError(
-            "remote=True runs the call on a Ray cluster, and Ray is not installed: "
+            f"{option('remote', True)} runs the call on a Ray cluster, and Ray is not installed: "
             "pip install 'serverless-gpu[ray]'"
         ) from None
     if ray.is_initialized():
@@ -33,8 +34,8 @@ def connect() -> Any:
     address = os.environ.get("RAY_ADDRESS", "").strip()
     if not address:
         raise ConfigurationError(
-            f"remote=True runs the call on a Ray cluster, and this process is connected to none: "
-            f"{HOW_TO_CONNECT}"
+            f"{option('remote', True)} runs the call on a Ray cluster, and this process is "
+            f"connected to none: {HOW_TO_CONNECT}"
         )
     try:
         # Ranks' output comes back as the call's own events; Ray's copy would print it twice.
@@ -60,7 +61,8 @@ def cluster_placement(gpus: int | None, gpu_type: str | GPUType | None) -> Place
         gpus = int(ray.cluster_resources().get("GPU", 0))
         if gpus < 1:
             raise ConfigurationError(
-                "gpus=None asks for every GPU of the Ray cluster, and it has none; pass gpus=N "
-                "(nodes with GPUs may still be starting) or gpu_type='cpu'"
+                f"{option('gpus', None)} asks for every GPU of the Ray cluster, and it has "
+                f"none; pass {option('gpus', Placeholder('N'))} (nodes with GPUs may still be "
+                f"starting) or {option('gpu_type', 'cpu')}"
             )
     return Placement(gpus, "cuda", wanted, ())
