@@ -269,6 +269,8 @@ class UCVolumeDataset(VolumeDataset[T]):
     order. Under ``DataLoader``, ``state_dict()`` is the calling worker's progress (files it
     yielded this epoch) and ``load_state_dict`` makes its next iteration skip them; through
     :class:`~serverless_gpu.data.VolumeDataLoader` both are :class:`VolumeDataset`'s.
+    Under ``DataLoader`` each copy moves to the next epoch when it has read its share, so
+    ``shuffle=True`` gives a new order every epoch with persistent workers too.
     Arguments are :class:`VolumeDataset`'s.
     """
 
@@ -324,6 +326,10 @@ class UCVolumeDataset(VolumeDataset[T]):
         for item in items:
             self._yielded += 1  # before the yield: the batch's collate sees the item counted
             yield item
+        # A copy that read its whole share goes on to the next epoch (and its shuffle order):
+        # a persistent worker's copy never sees set_epoch calls made in the training process.
+        self._position = Position(epoch=self.epoch + 1)
+        self._yielded = 0
 
 
 def _worker_id() -> int:

@@ -179,3 +179,12 @@ def test_a_plain_volume_dataset_is_pointed_to_its_own_loader(tmp_path: Path) -> 
     ds: VolumeDataset[str] = VolumeDataset(volume(tmp_path, 2), tmp_path / "cache")
     with pytest.raises(TypeError, match=r"VolumeDataLoader.*dataset.loader\(\.\.\.\)"):
         DataLoader(ds)
+
+
+def test_uc_volume_dataset_reshuffles_every_epoch_in_persistent_workers(tmp_path: Path) -> None:
+    url = volume(tmp_path, 16)
+    ds: UCVolumeDataset[str] = UCVolumeDataset(url, tmp_path / "cache", shuffle=True, seed=3)
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    epochs = [names(list(loader)) for _ in range(2)]
+    assert all(sorted(e) == [f"f{i:02d}.txt" for i in range(16)] for e in epochs)
+    assert epochs[0] != epochs[1]
