@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import runrecord as _runrecord  # noqa: F401 - registers the run.json hook
+from .aliases import AcceleratorType
 from .backends.ray import ray_launch
 from .completion import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, as_completed, wait
 from .decorator import DistributedConfig, DistributedFunction, distributed, warm_up
@@ -46,6 +47,7 @@ __all__ = [
     "ALL_COMPLETED",
     "FIRST_COMPLETED",
     "FIRST_EXCEPTION",
+    "AcceleratorType",
     "CancelledError",
     "ConfigurationError",
     "DistributedConfig",

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from . import settings
+from .aliases import node_shape
 from .console import OUTPUT_CHOICES
-from .errors import ConfigurationError
+from .errors import ConfigurationError, GPUConfigError
 from .gpus import GPUType, check_cpu_count, check_gpu_count, cpu_mode_requested
 from .hangs import DEFAULT_HANG_WARNING_S
 from .retries import type_name
@@ -32,6 +33,13 @@ class DistributedConfig:
     gpu_type: str | GPUType | None = None
     """Expected accelerator (``"H100"``, ``"a10g"`` ...); ``None`` auto-detects; ``"cpu"`` runs
     CPU ranks over gloo. A mismatch with the machine fails before launch."""
+    accelerator_type: str | None = None
+    """A node shape, the original API's spelling: ``"GPU_8xH100"`` is nodes of 8 H100 (any
+    case; :class:`~serverless_gpu.AcceleratorType`, or any ``"GPU_<n>x<family>"``). Its family
+    is ``gpu_type``. On this machine a call runs on one node of it: ``gpus`` at most ``n``,
+    default every visible GPU up to ``n``; with ``remote=True``, on whole nodes: ``gpus`` a
+    multiple of ``n``, default ``n``. A value without a count (``"h100_80gb"``, ``"a10g"``,
+    ``"cpu"``) is read as ``gpu_type``. CPU mode ignores the shape as it ignores ``gpu_type``."""
     timeout: float | None = DEFAULT_TIMEOUT
     """Seconds before every rank is killed and ``DistributedTimeoutError`` is raised; ``None``
     disables the limit."""
@@ -80,6 +88,11 @@ class DistributedConfig:
     """``"local"`` (this machine, the default) or ``"ray"`` (same as ``remote=True``)."""
 
     @property
+    def gpus_per_node(self) -> int | None:
+        """The GPUs of one node of ``accelerator_type``; ``None`` when no shape was named."""
+        return None if self.accelerator_type is None else node_shape(self.accelerator_type)[0]
+
+    @property
     def on_ray(self) -> bool:
         """The ranks run on a Ray cluster (``remote=True`` or ``backend="ray"``)."""
         return self.remote or self.backend == "ray"
@@ -87,6 +100,7 @@ class DistributedConfig:
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)
         check_gpu_count(self.gpus)
+        _apply_shape(self)
         if self.gpu_type is not None:
             GPUType.parse(self.gpu_type)
         if cpu_mode_requested(self.gpu_type):
@@ -96,6 +110,51 @@ class DistributedConfig:
         _check_grace(self.grace, self.timeout)
         _check_options(self)
         _check_recovery(self)
+
+
+def _apply_shape(config: DistributedConfig) -> None:
+    """Fold ``accelerator_type`` into ``gpu_type`` (its family) and check its count against
+    ``gpus``: one node on this machine, whole nodes on Ray; not in CPU mode, where the shape
+    means nothing (as ``gpu_type`` there)."""
+    if config.accelerator_type is None:
+        return
+    per_node, family, name = node_shape(config.accelerator_type)
+    # gpu_type="cpu" is CPU mode, which ignores the shape (as SERVERLESS_GPU_TYPE=cpu does).
+    asked = None if config.gpu_type is None else GPUType.parse(config.gpu_type)
+    if asked not in (None, family, GPUType.CPU):
+        raise ConfigurationError(
+            f"gpu_type={_text(config.gpu_type)!r} and "
+            f"accelerator_type={_text(config.accelerator_type)!r} "
+            "are two spellings of one option with different values: give one of them"
+        )
+    legacy = per_node is None  # a family alone ("a10g") is a gpu_type, kept as written
+    object.__setattr__(
+        config, "gpu_type", config.gpu_type or (config.accelerator_type if legacy else family.value)
+    )
+    object.__setattr__(config, "accelerator_type", name)
+    if per_node is not None and config.gpus is not None and not cpu_mode_requested(config.gpu_type):
+        _check_shape_count(config, config.gpus, per_node, str(name))
+
+
+def _text(value: object) -> str:
+    """An enum member (``GPUType.H100``) as its value, for messages."""
+    return str(getattr(value, "value", value))
+
+
+def _check_shape_count(config: DistributedConfig, gpus: int, per_node: int, name: str) -> None:
+    remote = config.remote or config.backend == "ray"
+    if not remote and gpus > per_node:
+        raise GPUConfigError(
+            f"num_accelerators={gpus} with accelerator_type='{name}': a call on this "
+            f"machine runs on one node, of {per_node} GPU(s); ask for at most {per_node}, or "
+            "run on a Ray cluster's nodes with remote=True"
+        )
+    if remote and gpus % per_node:
+        raise GPUConfigError(
+            f"num_accelerators={gpus} with accelerator_type='{name}' and remote=True: "
+            f"remote calls run on whole nodes of {per_node} GPU(s); ask for a multiple of "
+            f"{per_node}"
+        )
 
 
 def _is_number(value: object) -> TypeGuard[float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import errno
 import functools
 import importlib.util
@@ -10,12 +11,13 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
 from . import settings
 from . import tracking as _tracking  # noqa: F401 - registers the MLflow run hook (lazy mlflow)
-from .aliases import resolve_aliases
+from .aliases import AcceleratorType, one_count
 from .backends.base import Backend
 from .backends.local import default_backend
 from .config import DEFAULT_TIMEOUT, DistributedConfig
@@ -28,7 +30,7 @@ from .errors import (
     StorageError,
     UsageError,
 )
-from .gpus import GPUType, Placement, resolve_placement
+from .gpus import GPUType, Placement, cpu_mode_requested, resolve_placement
 from .handle import RunHandle
 from .hooks import RunContext, run_hooks
 from .lifetime import bounded_grace
@@ -71,6 +73,15 @@ def _check_function(func: object) -> None:
         )
 
 
+class _Unset(enum.Enum):
+    """An argument not given (where ``None`` means something: ``timeout=None``, no limit)."""
+
+    UNSET = enum.auto()
+
+
+UNSET = _Unset.UNSET
+
+
 class DistributedFunction(Generic[P, R]):
     """A function decorated with ``@distributed``: run it with ``.distributed(*args)``."""
 
@@ -90,8 +101,74 @@ class DistributedFunction(Generic[P, R]):
                     config.gpu_type,
                     config.tracking,
                     config.warm_process_group,
+                    config.gpus_per_node,
                 )
             )
+
+    @property
+    def gpus(self) -> int | None:
+        """The ranks to start (``config.gpus``); ``None``: the default count."""
+        return self.config.gpus
+
+    num_accelerators = gpus
+    """The original API's name of :attr:`gpus`."""
+
+    @property
+    def gpu_type(self) -> str | GPUType | None:
+        """The GPU family asked for (``config.gpu_type``); ``None``: auto-detected."""
+        return self.config.gpu_type
+
+    @property
+    def accelerator_type(self) -> str | None:
+        """The node shape asked for (an :class:`AcceleratorType`, or ``"GPU_<n>x<family>"``
+        for others); ``None`` when none was named."""
+        return self.config.accelerator_type
+
+    @property
+    def remote(self) -> bool:
+        """The ranks run on the Ray cluster this process is connected to."""
+        return self.config.on_ray
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds before the call is stopped; ``None``: no limit."""
+        return self.config.timeout
+
+    def with_overrides(
+        self,
+        num_accelerators: int | None = None,
+        accelerator_type: str | AcceleratorType | GPUType | None = None,
+        remote: bool | None = None,
+        timeout: float | _Unset | None = UNSET,
+        *,
+        gpus: int | None = None,
+        gpu_type: str | GPUType | None = None,
+        **options: Any,
+    ) -> DistributedFunction[P, R]:
+        """A new decorated function, the same but for the fields given (options are fields of
+        :class:`DistributedConfig`); this one is unchanged. A type in either spelling replaces
+        both (``gpu_type`` drops the node shape); ``timeout=None`` removes the limit."""
+        _check_option_names(options, "with_overrides")
+        changes = dict(options)
+        count = one_count(gpus, num_accelerators)
+        if count is not None:
+            changes["gpus"] = count
+        if accelerator_type is not None or gpu_type is not None:
+            changes.update(gpu_type=gpu_type, accelerator_type=accelerator_type)
+        if remote is not None:
+            changes.setdefault("backend", None)
+            changes["remote"] = remote
+        if not isinstance(timeout, _Unset):
+            changes["timeout"] = timeout
+        return DistributedFunction(self.func, replace(self.config, **changes), self._backend)
+
+    def __repr__(self) -> str:
+        name = getattr(self.func, "__qualname__", "fn")
+        return (
+            f"DistributedFunction({name}, gpus={self.gpus!r}, gpu_type={self.gpu_type!r}, "
+            f"accelerator_type={self.accelerator_type!r}, remote={self.remote!r}, "
+            f"timeout={self.timeout!r})"
+        )
 
     @property
     def backend(self) -> Backend:
@@ -244,11 +321,14 @@ def _placement(cfg: DistributedConfig) -> Placement:
     """The ranks: on this machine's GPUs, or on the Ray cluster (connected first, so that a
     missing cluster fails before anything is created)."""
     if not cfg.on_ray:
-        return resolve_placement(cfg.gpus, cfg.gpu_type)
+        return resolve_placement(cfg.gpus, cfg.gpu_type, cfg.gpus_per_node)
     from .backends.ray import cluster_placement, connect
 
     connect()
-    return cluster_placement(cfg.gpus, cfg.gpu_type)
+    gpus = cfg.gpus
+    if gpus is None and not cpu_mode_requested(cfg.gpu_type):
+        gpus = cfg.gpus_per_node  # a node shape without a count: one node of it
+    return cluster_placement(gpus, cfg.gpu_type)
 
 
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO}
@@ -297,12 +377,13 @@ def _prewarm(
     gpu_type: str | GPUType | None,
     tracking: bool,
     warm_group: bool = True,
+    per_node: int | None = None,
 ) -> None:
     # The launcher's start (a fresh interpreter importing torch: seconds) goes first, so that
     # reading the GPUs through NVML overlaps it instead of delaying it.
     backend.start()
     try:
-        placement = resolve_placement(gpus, gpu_type)
+        placement = resolve_placement(gpus, gpu_type, per_node)
     except Exception:  # the call itself will report a bad configuration
         return
     # Ranks of a tracked call import mlflow; importing it once in the launcher saves seconds of
@@ -339,36 +420,53 @@ def distributed(func: Callable[P, R], /) -> DistributedFunction[P, R]: ...
 
 @overload
 def distributed(
+    num_accelerators: int | None = None,
+    accelerator_type: str | AcceleratorType | GPUType | None = None,
+    remote: bool = False,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    *,
     gpus: int | None = None,
     gpu_type: str | GPUType | None = None,
-    timeout: float | None = DEFAULT_TIMEOUT,
     **options: Any,
 ) -> Callable[[Callable[P, R]], DistributedFunction[P, R]]: ...
 
 
 def distributed(
-    gpus: Any = None,
-    gpu_type: str | GPUType | None = None,
+    num_accelerators: Any = None,
+    accelerator_type: str | AcceleratorType | GPUType | None = None,
+    remote: bool = False,
     timeout: float | None = DEFAULT_TIMEOUT,
+    *,
+    gpus: int | None = None,
+    gpu_type: str | GPUType | None = None,
     **options: Any,
 ) -> Any:
     """Decorate a function so that ``fn.distributed(*args, **kwargs)`` runs it on every GPU.
 
-    Options are the fields of :class:`DistributedConfig`. Used bare (``@distributed``) it takes
-    every default. ``num_accelerators=`` and ``accelerator_type=`` (``"GPU_8xH100"``) are the
-    newer spelling of ``gpus`` and ``gpu_type`` (:mod:`serverless_gpu.aliases`).
+    ``gpus`` and ``gpu_type`` (keywords) are this library's spelling; ``num_accelerators`` and
+    ``accelerator_type`` (``"GPU_8xH100"``, a node shape) are the original API's, and take the
+    positions it gives them. Either spelling, or both when they agree. Options are the fields of
+    :class:`DistributedConfig`. Used bare (``@distributed``) it takes every default.
     """
-    if callable(gpus):
-        return DistributedFunction(gpus, DistributedConfig())
-    gpus, gpu_type, options = resolve_aliases(gpus, gpu_type, options)
-    unknown = set(options) - set(DistributedConfig.__dataclass_fields__)
-    if unknown:
-        raise ConfigurationError(
-            f"unknown option(s) for @distributed: {', '.join(sorted(unknown))}"
-        )
-    config = DistributedConfig(gpus=gpus, gpu_type=gpu_type, timeout=timeout, **options)
+    if callable(num_accelerators):
+        return DistributedFunction(num_accelerators, DistributedConfig())
+    _check_option_names(options, "@distributed")
+    config = DistributedConfig(
+        gpus=one_count(gpus, num_accelerators),  # type: ignore[arg-type]
+        gpu_type=gpu_type,
+        accelerator_type=accelerator_type,
+        remote=remote,
+        timeout=timeout,
+        **options,
+    )
 
     def wrap(func: Callable[P, R]) -> DistributedFunction[P, R]:
         return DistributedFunction(func, config)
 
     return wrap
+
+
+def _check_option_names(options: dict[str, Any], where: str) -> None:
+    unknown = set(options) - set(DistributedConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigurationError(f"unknown option(s) for {where}: {', '.join(sorted(unknown))}")

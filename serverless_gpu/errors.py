@@ -21,7 +21,18 @@ class DistributedError(Exception):
         self.run_dir = run_dir
 
 
-class ConfigurationError(DistributedError, ValueError):
+class CallerError(DistributedError):
+    """The call itself is at fault (its configuration, arguments, function or time limit):
+    changing the call fixes it. A base class only; the original API's
+    ``ServerlessGpuCustomerError`` (:mod:`serverless_gpu.exceptions`)."""
+
+
+class InternalError(DistributedError):
+    """The library's own machinery failed (its launcher process), not the call's code. A base
+    class only; the original API's ``ServerlessGpuInternalError``."""
+
+
+class ConfigurationError(CallerError, ValueError):
     """A decorator or call argument is invalid; raised before anything is launched."""
 
 
@@ -29,11 +40,11 @@ class GPUConfigError(ConfigurationError):
     """The requested GPUs (count or type) do not match what this machine has."""
 
 
-class UsageError(DistributedError, TypeError):
+class UsageError(CallerError, TypeError):
     """The API was used in a way it does not support (e.g. calling the decorated object)."""
 
 
-class SerializationError(DistributedError):
+class SerializationError(CallerError):
     """The function, its arguments, a result or an exception could not be pickled."""
 
 
@@ -155,7 +166,7 @@ class RemoteError(DistributedError):
         self.remote_traceback = traceback_text
 
 
-class DistributedTimeoutError(DistributedError, TimeoutError):
+class DistributedTimeoutError(CallerError, TimeoutError):
     """The call ran past its ``timeout``; every rank was killed."""
 
     def __init__(
@@ -191,7 +202,7 @@ class CancelledError(DistributedError):
     """The run was cancelled (Cancel button or :meth:`RunHandle.cancel`); every rank was killed."""
 
 
-class LauncherError(DistributedError):
+class LauncherError(InternalError):
     """The launcher process could not be started or died unexpectedly."""
 
 

@@ -63,7 +63,13 @@ class GPUType(str, enum.Enum):
         return None
 
 
-_ALIASES = {"A10G": GPUType.A10, "GH200": GPUType.H200, "NONE": GPUType.CPU}
+# "H10080GB" is the original API's older spelling of the H100 ("h100_80gb").
+_ALIASES = {
+    "A10G": GPUType.A10,
+    "GH200": GPUType.H200,
+    "H10080GB": GPUType.H100,
+    "NONE": GPUType.CPU,
+}
 _DEVICE_TOKENS = {
     "H100": GPUType.H100,
     "H200": GPUType.H200,
@@ -181,8 +187,12 @@ def cpu_mode_requested(gpu_type: str | GPUType | None) -> bool:
     return settings.cpu_mode()
 
 
-def resolve_placement(gpus: int | None, gpu_type: str | GPUType | None) -> Placement:
-    """Check the request against the machine and decide the ranks; raises before any launch."""
+def resolve_placement(
+    gpus: int | None, gpu_type: str | GPUType | None, per_node: int | None = None
+) -> Placement:
+    """Check the request against the machine and decide the ranks; raises before any launch.
+    ``per_node`` (a node shape's GPU count) caps the default count of a GPU call: every visible
+    GPU, at most that many. CPU mode ignores it, as it ignores ``gpu_type``."""
     check_gpu_count(gpus)
     if cpu_mode_requested(gpu_type):
         check_cpu_count(gpus)
@@ -206,5 +216,5 @@ def resolve_placement(gpus: int | None, gpu_type: str | GPUType | None) -> Place
         raise GPUConfigError(
             f"{option('gpus', gpus)} was requested but only {available} are visible"
         )
-    count = gpus if gpus is not None else len(names)
+    count = gpus if gpus is not None else min(len(names), per_node or len(names))
     return Placement(count, "cuda", detected or GPUType.OTHER, tuple(names[:count]))

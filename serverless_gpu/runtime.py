@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -19,7 +21,9 @@ __all__ = [
     "get_global_rank",
     "get_local_rank",
     "get_local_world_size",
+    "get_node_ip",
     "get_node_rank",
+    "get_replica_rank",
     "get_world_size",
     "heartbeat",
     "init_process_group",
@@ -35,9 +39,25 @@ def _int_env(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
-def get_global_rank() -> int:
-    """This process's global rank (``RANK``); 0 outside a distributed call."""
-    return _int_env("RANK", 0)
+def _default_group() -> Any | None:
+    """``torch.distributed`` once a default process group exists, else None. Never imports
+    torch: a process that has not imported ``torch.distributed`` has no group."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist
+
+
+def get_global_rank(group: Any | None = None) -> int:
+    """This process's global rank: torch.distributed's once a process group exists, else
+    ``RANK``; 0 outside a distributed call. With ``group`` (a ``ProcessGroup``), the rank in
+    that group (``dist.get_rank(group)``: -1 where this process is not a member)."""
+    if group is not None:
+        import torch.distributed
+
+        return int(torch.distributed.get_rank(group))
+    dist = _default_group()
+    return int(dist.get_rank()) if dist is not None else _int_env("RANK", 0)
 
 
 def get_local_rank() -> int:
@@ -46,8 +66,10 @@ def get_local_rank() -> int:
 
 
 def get_world_size() -> int:
-    """Number of ranks in the call (``WORLD_SIZE``)."""
-    return _int_env("WORLD_SIZE", 1)
+    """Number of ranks in the call: torch.distributed's once a process group exists, else
+    ``WORLD_SIZE``; 1 outside a distributed call."""
+    dist = _default_group()
+    return int(dist.get_world_size()) if dist is not None else _int_env("WORLD_SIZE", 1)
 
 
 def get_local_world_size() -> int:
@@ -58,6 +80,23 @@ def get_local_world_size() -> int:
 def get_node_rank() -> int:
     """Index of this node (``NODE_RANK``); always 0 on the local backend."""
     return _int_env("NODE_RANK", 0)
+
+
+def get_replica_rank() -> int:
+    """Which copy of the whole run this is (``REPLICA_RANK``), for the original API's code;
+    always 0 here, where a call runs one copy."""
+    return _int_env("REPLICA_RANK", 0)
+
+
+def get_node_ip() -> str:
+    """This node's IP address as other nodes reach it: that of the interface the default route
+    leaves through (found without sending a packet); ``127.0.0.1`` without a network."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))  # UDP: chooses a route, sends nothing
+            return str(probe.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
 
 
 def is_cpu_mode() -> bool:

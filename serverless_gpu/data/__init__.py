@@ -11,6 +11,8 @@ from serverless_gpu.data.checkpoint import (
     VolumeReader,
     VolumeWriter,
 )
+from serverless_gpu.data.checkpointable import Checkpointable
+from serverless_gpu.data.dataloader import DataLoader
 from serverless_gpu.data.dataset import UCVolumeDataset, VolumeDataset
 from serverless_gpu.data.discovery import checkpoint_path, is_complete, latest_checkpoint
 from serverless_gpu.data.errors import (
@@ -34,6 +36,8 @@ from serverless_gpu.data.training_state import (
 __all__ = [
     "CacheFullError",
     "CheckpointMismatchError",
+    "Checkpointable",
+    "DataLoader",
     "EmptyVolumeError",
     "IncompleteCheckpointError",
     "LocalCache",

@@ -1,0 +1,30 @@
+"""``remote=True`` with a node shape (``accelerator_type="GPU_2xH100"``): whole nodes of it,
+one by default. The test cluster's GPUs have no type Ray recognised, so the reservation fails
+and its message shows what was asked of the cluster."""
+
+from __future__ import annotations
+
+import pytest
+import ray_fns
+from conftest import leftovers
+
+from serverless_gpu import distributed
+from serverless_gpu.errors import DistributedError, GPUConfigError
+
+pytestmark = pytest.mark.usefixtures("cluster", "untracked")
+
+
+@pytest.mark.parametrize(("count", "ranks"), [(None, 2), (4, 4)])
+def test_a_shape_asks_the_cluster_for_whole_nodes(
+    monkeypatch: pytest.MonkeyPatch, count: int | None, ranks: int
+) -> None:
+    monkeypatch.setenv("SERVERLESS_GPU_RAY_RESERVE_TIMEOUT", "2")
+    fn = distributed(count, "GPU_2xH100", remote=True, timeout=60)(ray_fns.sleep_forever)
+    with pytest.raises(DistributedError, match=rf"could not hold {ranks} ranks of .*H100"):
+        fn.distributed()
+    assert leftovers() == ([], [])
+
+
+def test_part_of_a_node_is_refused_before_the_cluster_is_asked() -> None:
+    with pytest.raises(GPUConfigError, match="whole nodes of 2 GPU"):
+        distributed(3, "GPU_2xH100", remote=True)
