@@ -26,6 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import flight
+from .env import RENDEZVOUS_ENV
 
 FORM_TIMEOUT_S = 60.0
 """How long a standby rank waits for its peers at the rendezvous before giving up the group."""
@@ -59,6 +60,9 @@ class GroupPlan:
 
 _plan: GroupPlan | None = None
 """Set while the warm group is the default group and may still be handed to the call."""
+_started_with: dict[str, str | None] = {}
+"""The rendezvous environment (``env.RENDEZVOUS_ENV``) the call started with: the warm group is
+the group it describes, and a function that changes it asks torch for another one."""
 _deferred: list[Any] = []
 """Groups destroyed in the call whose shutdown waits for :func:`finish`."""
 _real: dict[str, Callable[..., Any]] = {}
@@ -110,6 +114,8 @@ def settle(adopt: bool, defer: bool) -> None:
     that the call starts with no group at all. ``defer``: the call's
     ``destroy_process_group`` leaves the shutdown to :func:`finish` (``warm_process_group``)."""
     global _plan
+    _started_with.clear()
+    _started_with.update({name: os.environ.get(name) for name in RENDEZVOUS_ENV})
     if _plan is not None and not adopt:
         _plan = None
         destroy_process_group()
@@ -199,6 +205,9 @@ def _disagreement(
     if not _same_device(plan, asked.pop("device_id", None)):
         return "another device"
     asked.pop("timeout", None)
+    changed = [name for name, value in _started_with.items() if os.environ.get(name) != value]
+    if changed:
+        return f"{', '.join(changed)} changed in os.environ"
     given = [name for name, value in asked.items() if value not in (None, "", {})]
     return f"{', '.join(given)} given" if given else None
 

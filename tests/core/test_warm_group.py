@@ -143,3 +143,10 @@ def test_a_hundred_warm_calls_leak_nothing() -> None:
     assert launcher.num_fds() <= fds, os.listdir(f"/proc/{launcher.pid}/fd")
     assert launcher.num_threads() == threads
     assert _results_folders() <= results  # every call's results folder was deleted
+
+
+def test_a_rendezvous_environment_changed_by_the_function_gets_the_group_it_describes() -> None:
+    """RANK, WORLD_SIZE, MASTER_PORT set in os.environ before init_process_group: torch forms
+    the group they describe, so the warm group is dropped."""
+    results = _after_a_call(warm_fns.init_a_group_of_ones_own).distributed()
+    assert results == [(1, 1.0), (1, 2.0)]
