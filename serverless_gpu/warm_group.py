@@ -3,7 +3,9 @@
 Standby ranks of one shape rendezvous on a private store (rank 0 listens on a socket the
 launcher bound for them) and initialize the default process group eagerly: NCCL with
 ``device_id`` plus one all-reduce, so the communicator and its connections exist before the
-call; gloo in CPU mode. Nothing of a user's run is in them yet.
+call; gloo in CPU mode. Nothing of a user's run is in them yet. Once the group is formed the
+store stops listening: every rank's client is connected, and no other process (another local
+user's included) can reach the store while the set waits, possibly for the caller's whole life.
 
 In the call, ``torch.distributed.init_process_group`` returns at once when what it asks for
 agrees with the warm group (backend, rank, world size, device; a timeout is applied to it);
@@ -94,6 +96,7 @@ def form(plan: GroupPlan) -> bool:
         dist.all_reduce(probe)  # connects the communicator's peers now, not in the call
         probe.item()
         flight.mark_warmup()
+        _stop_listening(plan.listen_fd)
     except Exception as exc:
         print(f"serverless-gpu: no process group made ahead of the call: {exc}", file=sys.stderr)
         with contextlib.suppress(Exception):
@@ -107,6 +110,20 @@ def form(plan: GroupPlan) -> bool:
     _plan = plan
     _install()
     return True
+
+
+def _stop_listening(fd: int | None) -> None:
+    """Rank 0, once every rank has joined (the all-reduce returned): close the store's
+    listening socket. The store's server still watches the descriptor number, so the socket is
+    replaced with one that never becomes ready (an eventfd) rather than closed under it; the
+    connected clients go on being served (``new_group`` in the call goes through them)."""
+    if fd is None:
+        return
+    quiet = os.eventfd(0)
+    try:
+        os.dup2(quiet, fd, inheritable=False)
+    finally:
+        os.close(quiet)
 
 
 def settle(adopt: bool, defer: bool) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 import pytest
 import warm_fns
+from test_runfiles_roots import other_user  # noqa: F401 - the second local user, a fixture
 
 from serverless_gpu import distributed
 from serverless_gpu.proctitle import is_launcher
@@ -150,3 +151,20 @@ def test_a_rendezvous_environment_changed_by_the_function_gets_the_group_it_desc
     the group they describe, so the warm group is dropped."""
     results = _after_a_call(warm_fns.init_a_group_of_ones_own).distributed()
     assert results == [(1, 1.0), (1, 2.0)]
+
+
+def test_a_formed_groups_store_takes_no_new_connection_from_anyone(
+    other_user: tuple[int, int],  # noqa: F811 - the fixture imported above
+) -> None:
+    """Standby ranks wait with their group, perhaps for the caller's whole life: the store
+    they formed it on stops listening once it is formed, so no process, another local user's
+    included, can read or write its keys."""
+    results = _after_a_call(warm_fns.store_reach).distributed(other_user)
+    expected = {
+        "warm": True,
+        "connects": False,
+        "other_user_connects": False,
+        "keys_reachable": False,
+        "group_works": True,
+    }
+    assert results == [expected, expected]
