@@ -100,7 +100,12 @@ def test_a_cancel_is_never_retried(tmp_path: Path) -> None:
 
 
 def test_a_timeout_is_never_retried(tmp_path: Path) -> None:
+    """Rank 1 also put the stack signal back to its default: the error says why its stacks
+    are missing rather than losing the rank to the signal."""
     fn = distributed(gpus=2, max_retries=2, timeout=3, tracking=False)(resets_signals)
-    with pytest.raises(DistributedTimeoutError):
-        fn.distributed(str(tmp_path), [], 120)
+    with pytest.raises(DistributedTimeoutError) as info:
+        fn.distributed(str(tmp_path), [1], 120)
     assert _attempts(tmp_path) == {"0"}
+    text = str(info.value)
+    assert "rank 0: resets_signals (recovery_fns.py:" in text, text
+    assert "rank 1: stacks unavailable: the rank has no handler for SIGRTMIN+4" in text, text
