@@ -86,7 +86,7 @@ def _attempts(folder: Path) -> set[str]:
 
 def test_a_cancel_is_never_retried(tmp_path: Path) -> None:
     """Even where the ranks' code reset their signals (the stop request then reaches no one)."""
-    fn = distributed(gpus=2, max_retries=2, stop_grace=30, tracking=False)(resets_signals)
+    fn = distributed(gpus=2, max_retries=2, stop_grace=3, tracking=False)(resets_signals)
     register_hook(_cancel_when_ready)
     try:
         for handler_ranks in ([], [0, 1]):
