@@ -66,6 +66,19 @@ def free_port(exclude: set[int]) -> int:
     raise OSError("no free TCP port found on 127.0.0.1")
 
 
+RENDEZVOUS_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+"""What :func:`rank_env` tells a rank of its group, as ``init_process_group("env://")`` reads it."""
+
+
 def rank_env(
     base: dict[str, str],
     *,

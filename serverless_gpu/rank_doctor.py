@@ -9,6 +9,10 @@
   other thread since the rank started): a stop request sets ``stop.should_stop()``, a dump
   request writes the collectives' flight recorder (NCCL's: on GPUs; gloo's waits for the
   collective in progress, so CPU ranks do not dump it).
+* The doctor's signals also have a handler, which hands them to the doctor thread: a rank
+  whose code unblocked every signal takes them in its main thread (their default action would
+  end it), and the launcher, which signals only ranks that have the handler (``SigCgt``), sees
+  that it is installed.
 """
 
 from __future__ import annotations
@@ -44,6 +48,16 @@ def install(paths: RunPaths, rank: int) -> None:
     )
     thread.daemon = True
     thread.start()
+    ident = thread.ident or 0  # set once started
+    for sig in stacks.DOCTOR_SIGNALS:
+        signal.signal(sig, lambda sig, _frame: _forward(ident, sig))
+
+
+def _forward(doctor: int, sig: int) -> None:
+    """A doctor signal that reached another thread (one that unblocked it) goes to the
+    doctor thread, which waits for it in ``sigwait``."""
+    with contextlib.suppress(OSError, ValueError):
+        signal.pthread_kill(doctor, sig)
 
 
 def _serve(flight_file: Path) -> None:

@@ -14,6 +14,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from .stacks import UNAVAILABLE
+
 _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _LIBRARY_DIRS = tuple(
     {
@@ -65,7 +67,10 @@ def is_user_file(path: str) -> bool:
 
 def where(text: str) -> str:
     """One line for a rank: its innermost frame and, when that is not the user's, the
-    innermost frame of the user's code (``all_reduce (...) called from step (train.py:23)``)."""
+    innermost frame of the user's code (``all_reduce (...) called from step (train.py:23)``);
+    for a rank the launcher could not signal, why (``stacks unavailable: ...``)."""
+    if text.startswith(UNAVAILABLE):
+        return text.splitlines()[0]
     frames = main_thread_frames(text)
     if not frames:
         return "no Python frame of the main thread"

@@ -32,11 +32,31 @@ DOCTOR_SIGNALS = frozenset({SIG_STOP, SIG_DUMP})
 """Blocked in every thread of a rank and taken by its doctor thread (``sigwait``), so that they
 are handled while the main thread is blocked in C, and never kill a rank (their default)."""
 
+UNAVAILABLE = "stacks unavailable: "
+"""How a rank's stacks begin when it could not be asked for them (see :func:`note_unavailable`)."""
 MAIN_THREAD_PREFIX = "main thread 0x"
 WAIT_S = 2.0
 """How long a request waits for the ranks' dumps (faulthandler's takes milliseconds)."""
 _SETTLED_S = 0.1
 _POLL_S = 0.02
+
+
+def signal_label(sig: int) -> str:
+    """``SIGRTMIN+4``: how a user finds the signal in ``signal`` (the real-time ones have no
+    names of their own)."""
+    if signal.SIGRTMIN <= sig <= signal.SIGRTMAX:
+        return f"SIGRTMIN+{sig - signal.SIGRTMIN}"
+    return signal.Signals(sig).name
+
+
+def note_unavailable(paths: RunPaths, rank: int, why: str) -> None:
+    """In the launcher, for a rank it did not signal: the reader of the rank's dump file finds
+    this block where the stacks would be."""
+    try:
+        with open(paths.stacks_dumps(rank), "a", encoding="utf-8") as f:
+            f.write(f"{UNAVAILABLE}{why}\n\n")
+    except OSError:
+        pass  # no dump file (a full disk): the rank is left out, as one that did not answer
 
 
 def offsets(paths: RunPaths, ranks: Iterable[int]) -> dict[int, int]:

@@ -335,6 +335,10 @@ class RunSupervisor:
             return state
         if self.stopping:
             return RankState.STOPPED
+        under_way = self._stop_under_way()
+        if under_way is not None:  # the cancel or timeout came first: it is the run's end,
+            self._stop(*under_way)  # and a cancel or timeout is never retried
+            return RankState.STOPPED
         sig = signal_name(status)
         if sig is not None:
             what = f"was killed by {sig}"
@@ -357,7 +361,13 @@ class RunSupervisor:
             self.request_stop(RunStatus.CANCELLED, reason)
 
     def take_stacks(self) -> None:
-        request_stacks(self.procs(), self._live())
+        request_stacks(self.spec.paths, self.procs(), self._live(), self._dumps)
+
+    @property
+    def _dumps(self) -> bool:
+        """Whether the ranks dump their flight recorder with their stacks: NCCL's answers
+        during a hang; gloo's (CPU mode) would wait for the collective in progress."""
+        return self.spec.device != "cpu"
 
     def _live(self) -> list[int]:
         """Ranks that run user code and have not exited: they have their stack handler (the
@@ -376,9 +386,11 @@ class RunSupervisor:
         if self.stop_grace <= 0:
             self._stop(status, message)
             return
+        if not request_stop(self.procs(), [r for r in self._running() if r in self._live()]):
+            self._stop(status, message)  # no rank can take the request (none has started, or
+            return  # its code reset the handler): waiting would only delay the stop
         self.asked = (status, message)
         self.ask_deadline = time.monotonic() + self.stop_grace
-        request_stop(self.procs(), [r for r in self._running() if r in self._live()])
 
     def _stop(self, status: RunStatus, message: str = "") -> None:
         if self.stopping or self.finished:
@@ -410,19 +422,29 @@ class RunSupervisor:
         busy = self.stopping or self.finished or self.asked is not None
         if self.deadline is not None and now >= self.deadline and not busy and not self.capture:
             self.deadline = None
-            self.capture = StackCapture(self.spec.paths, self.procs(), self._live())
+            self.capture = StackCapture(self.spec.paths, self.procs(), self._live(), self._dumps)
         if self.capture is not None and now >= self.capture.due:
             self.capture.finish()
             self.capture = None
-            limit = self.spec.timeout or 0.0
-            self.request_stop(
-                RunStatus.TIMED_OUT,
-                f"exceeded its timeout of {limit:g} s; ranks still running: "
-                + ", ".join(map(str, self._running())),
-            )
+            self.request_stop(*self._timed_out())
         if self.asked is not None and self.ask_deadline is not None and now >= self.ask_deadline:
             self.ask_deadline = None
             self._stop(*self.asked)
+
+    def _timed_out(self) -> tuple[RunStatus, str]:
+        limit = self.spec.timeout or 0.0
+        running = ", ".join(map(str, self._running()))
+        return (
+            RunStatus.TIMED_OUT,
+            f"exceeded its timeout of {limit:g} s; ranks still running: {running}",
+        )
+
+    def _stop_under_way(self) -> tuple[RunStatus, str] | None:
+        """The cancel or timeout being carried out (its stacks taken, its ranks asked to stop)
+        before the ranks are stopped: what a rank's exit then is part of."""
+        if self.asked is not None:
+            return self.asked
+        return self._timed_out() if self.capture is not None else None
 
     def _read_due_output(self, now: float) -> None:
         for rank, proc in enumerate(self.procs()):

@@ -3,7 +3,9 @@
 Standby ranks of one shape rendezvous on a private store (rank 0 listens on a socket the
 launcher bound for them) and initialize the default process group eagerly: NCCL with
 ``device_id`` plus one all-reduce, so the communicator and its connections exist before the
-call; gloo in CPU mode. Nothing of a user's run is in them yet.
+call; gloo in CPU mode. Nothing of a user's run is in them yet. Once the group is formed the
+store stops listening: every rank's client is connected, and no other process (another local
+user's included) can reach the store while the set waits, possibly for the caller's whole life.
 
 In the call, ``torch.distributed.init_process_group`` returns at once when what it asks for
 agrees with the warm group (backend, rank, world size, device; a timeout is applied to it);
@@ -26,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import flight
+from .env import RENDEZVOUS_ENV
 
 FORM_TIMEOUT_S = 60.0
 """How long a standby rank waits for its peers at the rendezvous before giving up the group."""
@@ -59,6 +62,9 @@ class GroupPlan:
 
 _plan: GroupPlan | None = None
 """Set while the warm group is the default group and may still be handed to the call."""
+_started_with: dict[str, str | None] = {}
+"""The rendezvous environment (``env.RENDEZVOUS_ENV``) the call started with: the warm group is
+the group it describes, and a function that changes it asks torch for another one."""
 _deferred: list[Any] = []
 """Groups destroyed in the call whose shutdown waits for :func:`finish`."""
 _real: dict[str, Callable[..., Any]] = {}
@@ -90,6 +96,7 @@ def form(plan: GroupPlan) -> bool:
         dist.all_reduce(probe)  # connects the communicator's peers now, not in the call
         probe.item()
         flight.mark_warmup()
+        _stop_listening(plan.listen_fd)
     except Exception as exc:
         print(f"serverless-gpu: no process group made ahead of the call: {exc}", file=sys.stderr)
         with contextlib.suppress(Exception):
@@ -105,11 +112,27 @@ def form(plan: GroupPlan) -> bool:
     return True
 
 
+def _stop_listening(fd: int | None) -> None:
+    """Rank 0, once every rank has joined (the all-reduce returned): close the store's
+    listening socket. The store's server still watches the descriptor number, so the socket is
+    replaced with one that never becomes ready (an eventfd) rather than closed under it; the
+    connected clients go on being served (``new_group`` in the call goes through them)."""
+    if fd is None:
+        return
+    quiet = os.eventfd(0)
+    try:
+        os.dup2(quiet, fd, inheritable=False)
+    finally:
+        os.close(quiet)
+
+
 def settle(adopt: bool, defer: bool) -> None:
     """At the call's start: keep the warm group for the call, or drop it (a peer has none) so
     that the call starts with no group at all. ``defer``: the call's
     ``destroy_process_group`` leaves the shutdown to :func:`finish` (``warm_process_group``)."""
     global _plan
+    _started_with.clear()
+    _started_with.update({name: os.environ.get(name) for name in RENDEZVOUS_ENV})
     if _plan is not None and not adopt:
         _plan = None
         destroy_process_group()
@@ -199,6 +222,9 @@ def _disagreement(
     if not _same_device(plan, asked.pop("device_id", None)):
         return "another device"
     asked.pop("timeout", None)
+    changed = [name for name, value in _started_with.items() if os.environ.get(name) != value]
+    if changed:
+        return f"{', '.join(changed)} changed in os.environ"
     given = [name for name, value in asked.items() if value not in (None, "", {})]
     return f"{', '.join(given)} given" if given else None
 

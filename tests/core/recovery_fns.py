@@ -78,3 +78,39 @@ def value_error(marker_dir: str) -> None:
 
     open(os.path.join(marker_dir, f"attempt_{runtime.attempt()}_{os.getpid()}"), "w").close()
     raise ValueError("bad labels")
+
+
+def resets_signals(marker_dir: str, handler_ranks: list[int], seconds: float) -> int:
+    """Code that resets what a rank inherits, as some libraries do: every signal unblocked and,
+    in ``handler_ranks``, the doctor's signals (stacks, stop, dump) back to their default action,
+    which ends the process. Then it works ``seconds`` without checking ``should_stop``."""
+    import signal
+
+    from serverless_gpu import runtime, stacks
+
+    open(os.path.join(marker_dir, f"attempt_{runtime.attempt()}_{os.getpid()}"), "w").close()
+    if runtime.get_global_rank() in handler_ranks:
+        for sig in (stacks.SIG_STACKS, stacks.SIG_STOP, stacks.SIG_DUMP):
+            signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    print("ready", flush=True)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    return runtime.get_global_rank()
+
+
+def stops_after_unblocking_signals() -> str:
+    """Unblocks every signal, then works until asked to stop."""
+    import signal
+
+    from serverless_gpu import runtime
+
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    print("ready", flush=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if runtime.should_stop():
+            return "stopped"
+        time.sleep(0.05)
+    return "never asked"

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from recovery_fns import train
+from recovery_fns import resets_signals, stops_after_unblocking_signals, train
 from test_stacks import wait_for_lines
 
 from serverless_gpu import CancelledError, distributed
@@ -62,3 +62,25 @@ def test_a_second_cancel_kills_at_once(tmp_path: Path) -> None:
     with pytest.raises(CancelledError):
         handle.result(timeout=60)
     assert time.monotonic() - asked < 60  # not the 120 s of stop_grace
+
+
+def test_a_rank_without_the_stop_handler_is_stopped_not_killed_by_the_request(
+    tmp_path: Path,
+) -> None:
+    """Its code put the stop signal back to its default action (which ends the process): the
+    launcher sees no handler, asks no one, and stops the run as usual (TERM, grace, KILL)."""
+    fn = distributed(gpus=2, stop_grace=120, tracking=False)(resets_signals)
+    handle = fn.start(str(tmp_path), [0, 1], 120)
+    wait_for_lines(handle, "ready", 2)
+    handle.cancel()
+    with pytest.raises(CancelledError):
+        handle.result(timeout=60)  # not the 120 s of stop_grace: nobody could be asked
+    assert handle.finished is not None and "signal" not in handle.finished.message
+
+
+def test_a_rank_that_unblocked_every_signal_still_takes_the_stop_request(tmp_path: Path) -> None:
+    fn = distributed(gpus=2, stop_grace=120, tracking=False)(stops_after_unblocking_signals)
+    handle = fn.start()
+    wait_for_lines(handle, "ready", 2)
+    handle.cancel()
+    assert list(handle.result(timeout=60)) == ["stopped", "stopped"]

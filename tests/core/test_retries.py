@@ -6,10 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from recovery_fns import crash_once_after_step_5, value_error
+from recovery_fns import crash_once_after_step_5, resets_signals, value_error
 
-from serverless_gpu import ConfigurationError, RankFailedError, distributed
+from serverless_gpu import (
+    CancelledError,
+    ConfigurationError,
+    DistributedTimeoutError,
+    RankFailedError,
+    distributed,
+)
 from serverless_gpu import DistributedConfig as distributed_config
+from serverless_gpu.events import OutputLines
+from serverless_gpu.hooks import RunContext, Subscriber, register_hook, unregister_hook
 from serverless_gpu.retries import retryable
 
 pytestmark = pytest.mark.timeout(240)
@@ -60,3 +68,44 @@ def test_what_is_retried() -> None:
             distributed(max_retries=bad)
     with pytest.raises(ConfigurationError, match="retry_on"):
         distributed(retry_on=ValueError)
+
+
+def _cancel_when_ready(ctx: RunContext) -> Subscriber:
+    """What the notebook's Cancel button does, once the ranks are working."""
+
+    def on_event(event: object) -> None:
+        if isinstance(event, OutputLines) and any("ready" in line for line in event.lines):
+            ctx.cancel()
+
+    return on_event
+
+
+def _attempts(folder: Path) -> set[str]:
+    return {p.name.split("_")[1] for p in folder.iterdir()}
+
+
+def test_a_cancel_is_never_retried(tmp_path: Path) -> None:
+    """Even where the ranks' code reset their signals (the stop request then reaches no one)."""
+    fn = distributed(gpus=2, max_retries=2, stop_grace=3, tracking=False)(resets_signals)
+    register_hook(_cancel_when_ready)
+    try:
+        for handler_ranks in ([], [0, 1]):
+            folder = tmp_path / str(len(handler_ranks))
+            folder.mkdir()
+            with pytest.raises(CancelledError):
+                fn.distributed(str(folder), handler_ranks, 120)
+            assert _attempts(folder) == {"0"}
+    finally:
+        unregister_hook(_cancel_when_ready)
+
+
+def test_a_timeout_is_never_retried(tmp_path: Path) -> None:
+    """Rank 1 also put the stack signal back to its default: the error says why its stacks
+    are missing rather than losing the rank to the signal."""
+    fn = distributed(gpus=2, max_retries=2, timeout=3, tracking=False)(resets_signals)
+    with pytest.raises(DistributedTimeoutError) as info:
+        fn.distributed(str(tmp_path), [1], 120)
+    assert _attempts(tmp_path) == {"0"}
+    text = str(info.value)
+    assert "rank 0: resets_signals (recovery_fns.py:" in text, text
+    assert "rank 1: stacks unavailable: the rank has no handler for SIGRTMIN+4" in text, text

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from serverless_gpu import DistributedTimeoutError, distributed
+from serverless_gpu import CancelledError, DistributedTimeoutError, distributed
 from serverless_gpu.events import OutputLines
 from serverless_gpu.stack_text import main_thread_frames
 
@@ -134,3 +135,22 @@ def test_hang_watch_warns_once_per_silence_and_withdraws() -> None:
     watch.last = {0: start + 31, 1: start + 31}
     back = watch.check(start + 32)
     assert back is not None and back.ranks == ()
+
+
+def test_a_rank_that_reset_its_signals_is_never_killed_by_a_stacks_request(tmp_path: Path) -> None:
+    """Rank 0 unblocked every signal (no flight-recorder dump is sent in CPU mode, and a stop
+    request is caught); rank 1 also put the stack signal back to its default action: the
+    launcher sees that it has no handler and says so instead of killing it."""
+    from recovery_fns import resets_signals
+
+    fn = distributed(gpus=2, timeout=120, tracking=False)(resets_signals)
+    handle = fn.start(str(tmp_path), [1], 60)
+    wait_for_lines(handle, "ready", 2)
+    found = handle.stacks()
+    assert "in resets_signals" in found[0], found[0]
+    assert found[1].startswith("stacks unavailable"), found[1]
+    assert "SIGRTMIN+4" in found[1] and "signal.signal" in found[1], found[1]
+    assert not handle.wait(0.5), handle.finished  # both ranks alive, the run goes on
+    handle.cancel()
+    with pytest.raises(CancelledError):
+        handle.result(timeout=60)

@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 import pytest
 import warm_fns
+from test_runfiles_roots import other_user  # noqa: F401 - the second local user, a fixture
 
 from serverless_gpu import distributed
 from serverless_gpu.proctitle import is_launcher
@@ -143,3 +144,27 @@ def test_a_hundred_warm_calls_leak_nothing() -> None:
     assert launcher.num_fds() <= fds, os.listdir(f"/proc/{launcher.pid}/fd")
     assert launcher.num_threads() == threads
     assert _results_folders() <= results  # every call's results folder was deleted
+
+
+def test_a_rendezvous_environment_changed_by_the_function_gets_the_group_it_describes() -> None:
+    """RANK, WORLD_SIZE, MASTER_PORT set in os.environ before init_process_group: torch forms
+    the group they describe, so the warm group is dropped."""
+    results = _after_a_call(warm_fns.init_a_group_of_ones_own).distributed()
+    assert results == [(1, 1.0), (1, 2.0)]
+
+
+def test_a_formed_groups_store_takes_no_new_connection_from_anyone(
+    other_user: tuple[int, int],  # noqa: F811 - the fixture imported above
+) -> None:
+    """Standby ranks wait with their group, perhaps for the caller's whole life: the store
+    they formed it on stops listening once it is formed, so no process, another local user's
+    included, can read or write its keys."""
+    results = _after_a_call(warm_fns.store_reach).distributed(other_user)
+    expected = {
+        "warm": True,
+        "connects": False,
+        "other_user_connects": False,
+        "keys_reachable": False,
+        "group_works": True,
+    }
+    assert results == [expected, expected]

@@ -128,3 +128,57 @@ def gone(pids: list[int]) -> bool:
         psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         for pid in pids
     )
+
+
+def init_a_group_of_ones_own() -> tuple[int, float]:
+    """Each rank describes a group of its own (world size 1) in ``os.environ``, as code written
+    for one process does, then reduces its rank + 1 in it."""
+    import socket
+
+    value = torch.ones(1) * (int(os.environ["RANK"]) + 1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo")
+    dist.all_reduce(value)
+    return dist.get_world_size(), float(value)
+
+
+def store_reach(other_user: tuple[int, int] | None) -> dict[str, Any]:
+    """In a call that took the warm group: whether its store (formed while the set waited)
+    still takes a new connection, from this user and from ``other_user`` (uid, gid), and
+    whether a client of this user, without anything but the port, can write and read keys."""
+    import socket
+    import subprocess
+
+    port = store_port()
+    with socket.socket() as s:
+        s.settimeout(5)
+        connects = s.connect_ex(("127.0.0.1", port)) == 0
+    seen: dict[str, Any] = {
+        "warm": dist.is_initialized(),
+        "connects": connects,
+        "other_user_connects": None,
+    }
+    if other_user is not None:
+        probe = f"import socket; print(socket.create_connection(('127.0.0.1', {port}), 5))"
+        done = subprocess.run(
+            ["/usr/bin/python3", "-c", probe],
+            user=other_user[0],
+            group=other_user[1],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        seen["other_user_connects"] = done.returncode == 0
+    try:
+        client = dist.TCPStore(
+            "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=3), wait_for_workers=False
+        )
+        client.set("intruder", "x")
+        seen["keys_reachable"] = client.get("intruder") == b"x"
+    except Exception:  # refused: the store takes no new client
+        seen["keys_reachable"] = False
+    seen["group_works"] = _all_reduce() == 2.0  # the ranks' own connections still serve it
+    return seen
