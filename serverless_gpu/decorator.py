@@ -247,7 +247,7 @@ def _placement(cfg: DistributedConfig) -> Placement:
         return resolve_placement(cfg.gpus, cfg.gpu_type)
     from .backends.ray import cluster_placement, connect
 
-    connect()
+    connect(cfg.timeout)
     return cluster_placement(cfg.gpus, cfg.gpu_type)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,32 @@ def test_no_cluster_is_a_configuration_error_before_anything_starts(tmp_path: Pa
     )
     assert "connected to none" in out.stdout and "ray.init(address=" in out.stdout, out
     assert "RAY_ADDRESS" in out.stdout
+    assert not (tmp_path / "runs").exists(), "no run directory was made"
+
+
+def test_a_stale_ray_address_fails_in_seconds_naming_it(tmp_path: Path) -> None:
+    """Nothing listens at the address (a cluster since stopped): ray.init would retry it for
+    many minutes; the call's timeout covers connecting."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"  # free once closed: nothing listens there
+    code = (
+        "import serverless_gpu as s\n"
+        "fn = s.distributed(gpus=2, gpu_type='cpu', remote=True, timeout=30)(print)\n"
+        "try:\n"
+        "    fn.distributed()\n"
+        "except s.ConfigurationError as exc:\n"
+        "    print('ConfigurationError:', exc)\n"
+    )
+    env = {**os.environ, "RAY_ADDRESS": address, "HOME": str(tmp_path)}
+    env["SERVERLESS_GPU_RUNS_DIR"] = str(tmp_path / "runs")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert f"ConfigurationError: no Ray cluster answers at RAY_ADDRESS={address!r}" in out.stdout, (
+        out
+    )
+    assert "Connection refused" in out.stdout
     assert not (tmp_path / "runs").exists(), "no run directory was made"
 
 
