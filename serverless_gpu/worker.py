@@ -45,6 +45,8 @@ from .protocol import (
     ToCaller,
     UserCodeStarted,
 )
+from .rundirs import storage_hint
+from .runspec import RunSpec
 from .serialization import dump_result, dump_to_file, load_payload, partial_path
 
 
@@ -154,7 +156,7 @@ def _run(conn: Connection, spec: RankSpec) -> int:
         _write_result(result, run.paths.results(spec.rank), run.world_size)
     except OSError as exc:  # no room left anywhere: say so, not "cannot be pickled"
         return _report_error(
-            spec, send, exc, RESULT_NOT_WRITTEN, qualified_type(result), exception_message(exc)
+            spec, send, exc, RESULT_NOT_WRITTEN, qualified_type(result), _not_written(exc, run)
         )
     except Exception as exc:  # any pickling failure: report which rank and which type
         return _report_error(
@@ -173,6 +175,13 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     # The result is on its way: communicators are shut down now, outside the call's time.
     warm_group.finish()
     return 0
+
+
+def _not_written(exc: OSError, run: RunSpec) -> str:
+    """Why the result could not be written, and what to do, in one line."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    hint = storage_hint(run.paths.run_dir.parent, exc.errno)
+    return f"{exc.strerror or exception_message(exc)}{where}. {hint}"
 
 
 def _read_payload(path: Path) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
@@ -234,9 +243,8 @@ def _report_error(
     tb_text = record.traceback_text
     failure = describe_failure(kind, type_name, message)
     attempt(dump_to_file, record, spec.run.paths.error(spec.rank))
-    # The launcher words a raising rank's summary itself ("rank N raised " + summary).
     summary = describe_exception(type_name, message) if kind == RAISED else failure
-    attempt(send, RankDone(ok=False, time=record.time, summary=summary))
+    attempt(send, RankDone(ok=False, time=record.time, summary=summary, failure=failure))
     attempt(sys.stderr.write, tb_text)
     return 1
 
