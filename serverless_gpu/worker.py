@@ -199,8 +199,33 @@ def call_function(
         _call_initializers()
         func, args, kwargs = load()
         return func(*args, **kwargs)
+    except Exception as exc:
+        _note_cpu_mode(exc)
+        raise
     finally:
         _exit_callbacks_quietly()
+
+
+_GPU_ONLY_FAILURES = (
+    "_cuda_setDevice",  # torch.cuda.set_device on a torch built without CUDA
+    "Torch not compiled with CUDA",
+    "No CUDA GPUs are available",
+    "Found no NVIDIA driver",
+    "have NCCL built in",  # init_process_group("nccl") on a torch built without NCCL
+)
+CPU_MODE_NOTE = (
+    "this rank runs in CPU mode, without CUDA or NCCL: use serverless_gpu.runtime.device() "
+    "for the device and runtime.init_process_group() (gloo in CPU mode, nccl on GPUs) in place "
+    'of torch.cuda.set_device(...) and init_process_group("nccl"), and the code runs in both'
+)
+
+
+def _note_cpu_mode(exc: Exception) -> None:
+    """GPU-only code (the SimpleMLP of many tutorials) run in CPU mode fails deep in torch:
+    say why, and what runs in both modes, on the exception itself (its type stays torch's)."""
+    gpu_only = any(m in exception_message(exc) for m in _GPU_ONLY_FAILURES)
+    if gpu_only and runtime.is_cpu_mode() and hasattr(exc, "add_note"):  # Python 3.11+
+        attempt(exc.add_note, CPU_MODE_NOTE)
 
 
 def error_record(
