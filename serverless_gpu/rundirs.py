@@ -77,10 +77,7 @@ def storage_hint(folder: Path, code: int | None) -> str:
     if code == errno.EFBIG:
         limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
         if limit != resource.RLIM_INFINITY:
-            return (
-                f"The file passed this process's file-size limit ({limit:,} bytes, "
-                "`ulimit -f`): raise the limit, or return less."
-            )
+            return f"The file passed this process's file-size limit (ulimit -f, {limit:,} bytes)."
     return f"Free space in {folder} or set {RUNS_DIR_ENV} to a folder with more room."
 
 
