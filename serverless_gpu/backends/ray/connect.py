@@ -46,12 +46,38 @@ def connect(timeout: float | None = None) -> Any:
         # Ranks' output comes back as the call's own events; Ray's copy would print it twice.
         ray.init(address=address, log_to_driver=False)
     except Exception as exc:
-        raise ConfigurationError(
-            f"could not connect to the Ray cluster at RAY_ADDRESS={address!r}: "
-            f"{type(exc).__name__}: {exc}"
-            + (f"; {HOW_TO_CONNECT}" if isinstance(exc, ConnectionError) else "")
-        ) from None
+        raise ConfigurationError(_not_connected(address, exc)) from None
     return ray
+
+
+def _not_connected(address: str, exc: Exception) -> str:
+    """Why ``ray.init`` failed: Ray says "Failed to connect" (and suggests ``ray stop``) even
+    when the cluster answered and refused this process's token."""
+    if _token_refused(address):
+        return (
+            f"the Ray cluster at RAY_ADDRESS={address!r} refused this process's authentication "
+            "token (token authentication is on there): give this process the cluster's token "
+            "in RAY_AUTH_TOKEN, or in a file named by RAY_AUTH_TOKEN_PATH (default "
+            "~/.ray/auth_token); `ray get-auth-token` on the head node prints it"
+        )
+    text = f"could not connect to the Ray cluster at RAY_ADDRESS={address!r}: "
+    text += f"{type(exc).__name__}: {exc}"
+    return text + (f"; {HOW_TO_CONNECT}" if isinstance(exc, ConnectionError) else "")
+
+
+def _token_refused(address: str) -> bool:
+    """One request to the head's GCS, with the token settings ``ray.init`` has just loaded:
+    True when it is refused as unauthenticated."""
+    target = None if address.startswith("ray://") else _host_port(address)
+    if target is None:
+        return False
+    try:
+        from ray._raylet import GcsClient
+
+        GcsClient(address=f"{target[0]}:{target[1]}")
+    except Exception as exc:  # Ray's RpcError or AuthenticationError, by its words
+        return any(word in str(exc) for word in ("Unauthenticated", "InvalidAuthToken"))
+    return False
 
 
 def _check_answers(address: str, wait: float) -> None:
