@@ -72,7 +72,7 @@ def _token_refused(address: str) -> bool:
     if target is None:
         return False
     try:
-        from ray._raylet import GcsClient
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled, not in the stub
 
         GcsClient(address=f"{target[0]}:{target[1]}")
     except Exception as exc:  # Ray's RpcError or AuthenticationError, by its words
