@@ -43,7 +43,7 @@ from .retries import (
     failed_attempt,
     retryable,
 )
-from .rundirs import new_run_dir
+from .rundirs import new_run_dir, runs_root, storage_hint
 from .runpaths import RunPaths
 from .runspec import RunSpec
 from .serialization import dump_payload, max_payload_bytes
@@ -278,7 +278,9 @@ class DistributedFunction(Generic[P, R]):
         try:
             run_id, run_dir, results_dir = new_run_dir(name)
         except OSError as exc:
-            raise _os_error("could not create the run directory", exc, ConfigurationError) from exc
+            root = runs_root()  # it was found usable: this failure is the disk's
+            what = f"could not create the run directory in {root}"
+            raise _os_error(what, exc, ConfigurationError, folder=root) from exc
         paths = RunPaths(run_dir, results_dir)
         ctx = RunContext(RunSpec(run_id, name, placement, paths, cfg), call=call)
         ctx.env[ATTEMPT_ENV] = str(call.attempt)
@@ -291,7 +293,8 @@ class DistributedFunction(Generic[P, R]):
         try:
             handle: RunHandle[R] = self.backend.submit(ctx, payload)
         except OSError as exc:
-            raise _os_error("could not start the run", exc, LauncherError, run_dir) from exc
+            what = "could not start the run"
+            raise _os_error(what, exc, LauncherError, run_dir.parent, run_dir) from exc
         for subscriber in subscribers:
             handle.subscribe(subscriber)
         return handle
@@ -324,7 +327,7 @@ def _placement(cfg: DistributedConfig) -> Placement:
         return resolve_placement(cfg.gpus, cfg.gpu_type, cfg.gpus_per_node)
     from .backends.ray import cluster_placement, connect
 
-    connect()
+    connect(cfg.timeout)
     gpus = cfg.gpus
     if gpus is None and not cpu_mode_requested(cfg.gpu_type):
         gpus = cfg.gpus_per_node  # a node shape without a count: one node of it
@@ -335,14 +338,19 @@ _STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.E
 
 
 def _os_error(
-    what: str, exc: OSError, other: type[DistributedError], run_dir: Path | None = None
+    what: str,
+    exc: OSError,
+    other: type[DistributedError],
+    folder: Path,
+    run_dir: Path | None = None,
 ) -> DistributedError:
     """An OSError on the way to starting a run, as the library's own error: a
-    :class:`StorageError` when a disk refused a write, else ``other``."""
+    :class:`StorageError` saying what to do about ``folder`` when a disk refused a write,
+    else ``other``."""
     if isinstance(exc, DistributedError):
         return exc
     if exc.errno in _STORAGE_ERRNOS:
-        err: DistributedError = StorageError.wrap(what, exc)
+        err: DistributedError = StorageError.wrap(what, exc, storage_hint(folder, exc.errno))
     else:
         err = other(f"{what}: {exc}")
     err.run_dir = run_dir

@@ -62,10 +62,19 @@ class StorageError(DistributedError, OSError):
     folder); ``errno`` and ``filename`` are those of the underlying ``OSError``."""
 
     @classmethod
-    def wrap(cls, what: str, exc: OSError) -> StorageError:
-        err = cls(f"{what}: {exc}")
+    def wrap(
+        cls, what: str, exc: OSError, hint: str = "", *, run_dir: Path | None = None
+    ) -> StorageError:
+        """``"<what>: No space left on device (<file>). <hint>"``."""
+        where = f" ({exc.filename})" if exc.filename else ""
+        err = cls(f"{what}: {exc.strerror or exc}{where}. {hint}".rstrip(), run_dir=run_dir)
         err.errno, err.strerror, err.filename = exc.errno, exc.strerror, exc.filename
         return err
+
+    def __str__(self) -> str:
+        # OSError's own would read "[Errno 28] No space left on device: None", without the
+        # message that says which file of the run and what to do.
+        return str(self.args[0]) if self.args else OSError.__str__(self)
 
 
 RAISED = "raised"

@@ -138,6 +138,8 @@ class RankDone:
     time: float
     summary: str = ""
     """``"Tensor (3, 2) torch.float32"`` for a result, ``"ValueError: boom"`` for an error."""
+    failure: str = ""
+    """How the rank failed, as it reads after ``rank N`` (:func:`errors.describe_failure`)."""
 
 
 @dataclass(frozen=True)

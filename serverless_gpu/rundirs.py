@@ -36,6 +36,7 @@ import errno
 import fcntl
 import os
 import re
+import resource
 import shutil
 import stat
 import tempfile
@@ -66,6 +67,18 @@ MIN_TMPFS_BYTES = 1 << 30
 _held: dict[Path, int] = {}
 """Run directory -> the descriptor of its marker, locked, for each live run of this process."""
 _held_lock = threading.Lock()
+
+
+def storage_hint(folder: Path, code: int | None) -> str:
+    """What to do when a file of a run in ``folder`` could not be written (``code``: the
+    errno), for every file of a run: the run directory, the payload, the results."""
+    if code == errno.EROFS:
+        return f"{folder} is read-only: set {RUNS_DIR_ENV} to a writable folder."
+    if code == errno.EFBIG:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            return f"The file passed this process's file-size limit (ulimit -f, {limit:,} bytes)."
+    return f"Free space in {folder} or set {RUNS_DIR_ENV} to a folder with more room."
 
 
 class RunsDirError(ConfigurationError):

@@ -223,7 +223,7 @@ class RunSupervisor:
             self.emit(RankMessage(self.spec.run_id, rank, message.kind, message.data, message.time))
         elif isinstance(message, RankDone):
             r.state, r.summary = RankState.FAILED, message.summary
-            self.failures.append((message.time, rank, f"raised {message.summary}"))
+            self.failures.append((message.time, rank, message.failure))
             self._stop(RunStatus.FAILED)
 
     def _release_all(self) -> None:

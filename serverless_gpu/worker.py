@@ -45,6 +45,8 @@ from .protocol import (
     ToCaller,
     UserCodeStarted,
 )
+from .rundirs import storage_hint
+from .runspec import RunSpec
 from .serialization import dump_result, dump_to_file, load_payload, partial_path
 
 
@@ -154,7 +156,7 @@ def _run(conn: Connection, spec: RankSpec) -> int:
         _write_result(result, run.paths.results(spec.rank), run.world_size)
     except OSError as exc:  # no room left anywhere: say so, not "cannot be pickled"
         return _report_error(
-            spec, send, exc, RESULT_NOT_WRITTEN, qualified_type(result), exception_message(exc)
+            spec, send, exc, RESULT_NOT_WRITTEN, qualified_type(result), _not_written(exc, run)
         )
     except Exception as exc:  # any pickling failure: report which rank and which type
         return _report_error(
@@ -175,6 +177,13 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     return 0
 
 
+def _not_written(exc: OSError, run: RunSpec) -> str:
+    """Why the result could not be written, and what to do, in one line."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    hint = storage_hint(run.paths.run_dir.parent, exc.errno)
+    return f"{exc.strerror or exception_message(exc)}{where}. {hint}"
+
+
 def _read_payload(path: Path) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
     with open(path, "rb") as f:
         return load_payload(f)
@@ -190,8 +199,33 @@ def call_function(
         _call_initializers()
         func, args, kwargs = load()
         return func(*args, **kwargs)
+    except Exception as exc:
+        _note_cpu_mode(exc)
+        raise
     finally:
         _exit_callbacks_quietly()
+
+
+_GPU_ONLY_FAILURES = (
+    "_cuda_setDevice",  # torch.cuda.set_device on a torch built without CUDA
+    "Torch not compiled with CUDA",
+    "No CUDA GPUs are available",
+    "Found no NVIDIA driver",
+    "have NCCL built in",  # init_process_group("nccl") on a torch built without NCCL
+)
+CPU_MODE_NOTE = (
+    "this rank runs in CPU mode, without CUDA or NCCL: use serverless_gpu.runtime.device() "
+    "for the device and runtime.init_process_group() (gloo in CPU mode, nccl on GPUs) in place "
+    'of torch.cuda.set_device(...) and init_process_group("nccl"), and the code runs in both'
+)
+
+
+def _note_cpu_mode(exc: Exception) -> None:
+    """GPU-only code (the SimpleMLP of many tutorials) run in CPU mode fails deep in torch:
+    say why, and what runs in both modes, on the exception itself (its type stays torch's)."""
+    gpu_only = any(m in exception_message(exc) for m in _GPU_ONLY_FAILURES)
+    if gpu_only and runtime.is_cpu_mode() and hasattr(exc, "add_note"):  # Python 3.11+
+        attempt(exc.add_note, CPU_MODE_NOTE)
 
 
 def error_record(
@@ -234,9 +268,8 @@ def _report_error(
     tb_text = record.traceback_text
     failure = describe_failure(kind, type_name, message)
     attempt(dump_to_file, record, spec.run.paths.error(spec.rank))
-    # The launcher words a raising rank's summary itself ("rank N raised " + summary).
     summary = describe_exception(type_name, message) if kind == RAISED else failure
-    attempt(send, RankDone(ok=False, time=record.time, summary=summary))
+    attempt(send, RankDone(ok=False, time=record.time, summary=summary, failure=failure))
     attempt(sys.stderr.write, tb_text)
     return 1
 

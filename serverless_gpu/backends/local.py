@@ -24,14 +24,14 @@ from typing import Any
 import serverless_gpu
 
 from ..env import METRICS_INTERVAL_ENV, group_env
-from ..errors import DistributedError, LauncherError
+from ..errors import LauncherError, StorageError
 from ..events import RunFinished, RunQueued, RunScheduled, RunStatus
 from ..gpus import Placement
 from ..handle import RunHandle
 from ..hooks import RunContext
 from ..lifetime import kill_group, signal_name
 from ..protocol import CancelRun, Exiting, Prewarm, RankGroups, RunAccepted, Shutdown, TakeStacks
-from ..rundirs import RUNS_DIR_ENV, drop_launcher_log, launcher_log_path, release_run
+from ..rundirs import drop_launcher_log, launcher_log_path, release_run, storage_hint
 from ..runpaths import RunPaths
 from ..runspec import RunSpec
 from ..stop_plan import CAPTURE_S
@@ -406,10 +406,10 @@ def _write_payload(paths: RunPaths, payload: bytes) -> None:
             f.write(payload)
     except OSError as exc:
         path.unlink(missing_ok=True)  # a partial payload would keep the disk full
-        raise DistributedError(
-            f"could not write the call's payload ({len(payload):,} bytes) to {run_dir}: "
-            f"{exc.strerror or exc}. Free space in {run_dir.parent} or set {RUNS_DIR_ENV} to a "
-            "folder with more room.",
+        raise StorageError.wrap(
+            f"could not write the call's payload ({len(payload):,} bytes) to {run_dir}",
+            exc,
+            storage_hint(run_dir.parent, exc.errno),
             run_dir=run_dir,
         ) from exc
 

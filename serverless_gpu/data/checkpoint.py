@@ -11,17 +11,21 @@ shard files, ``dcp.async_save`` staging). Only the byte transport is replaced:
   renames it to ``.metadata`` (``os.rename`` locally, a single-object copy on object stores), so
   ``.metadata`` appears last and whole;
 * the coordinator deletes a stale ``.metadata`` before any shard is overwritten, so a directory
-  being re-written never looks complete.
+  being re-written never looks complete;
+* a save killed mid-way leaves its staged files behind; the next save deletes them before it
+  writes (the coordinator those beside the shards, each rank those of dead processes in its
+  staging directory).
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
 import secrets
 import tempfile
-from collections.abc import Generator
-from contextlib import contextmanager
+from collections.abc import Callable, Generator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,10 @@ from serverless_gpu.data.errors import IncompleteCheckpointError
 __all__ = ["METADATA", "UCVolumeReader", "UCVolumeWriter", "VolumeReader", "VolumeWriter"]
 
 METADATA = ".metadata"
+_TORN = re.compile(r"\..+\.[0-9a-f]{8}\.part")
+"""A shard staged beside its final name (``create_stream``, local destinations)."""
+_STAGED = re.compile(r"dcp-(\d+)-[0-9a-f]{16}\.part")
+"""A shard staged for upload, named after the pid of the process that staged it."""
 
 
 class _StagedFileSystem(_TorchFsspecFileSystem):
@@ -66,7 +74,7 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
             return
         assert self.fs is not None
         if is_local(self.fs):
-            final = Path(self.fs._strip_protocol(os.fspath(path)))
+            final = self._local(path)
             staged = final.with_name(f".{final.name}.{secrets.token_hex(4)}.part")
         else:
             os.makedirs(self.staging_dir, exist_ok=True)
@@ -80,6 +88,46 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
                 self.fs.put_file(os.fspath(staged), os.fspath(path))
         finally:
             staged.unlink(missing_ok=True)
+
+    def drop_torn(self, checkpoint: str | os.PathLike[str]) -> None:
+        """Delete the shards a killed save staged beside their final names in ``checkpoint``;
+        only before any rank of this save writes (the coordinator's global plan)."""
+        if self.fs is not None and is_local(self.fs):
+            _unlink_matching(self._local(checkpoint), _TORN)
+
+    def drop_orphans(self) -> None:
+        """Delete the shards that processes which no longer exist staged for upload."""
+        _unlink_matching(Path(self.staging_dir), _STAGED, lambda m: not _alive(int(m.group(1))))
+
+    def _local(self, path: str | os.PathLike[str]) -> Path:
+        assert self.fs is not None
+        return Path(self.fs._strip_protocol(os.fspath(path)))
+
+
+def _unlink_matching(
+    folder: Path,
+    pattern: re.Pattern[str],
+    stale: Callable[[re.Match[str]], bool] = lambda match: True,
+) -> None:
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:  # not there yet: nothing was left
+        return
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if match and stale(match):
+            with suppress(OSError):  # another user's file in a shared temp dir, or gone
+                os.unlink(entry.path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class VolumeWriter(FsspecWriter):
@@ -104,16 +152,24 @@ class VolumeWriter(FsspecWriter):
         options = dict(storage_options or {})
         super().__init__(path, **kwargs, **options)
         staging = os.fspath(staging_dir) if staging_dir is not None else None
+        self._staged = _StagedFileSystem(options, staging)
         # torch annotates ``fs`` with its local FileSystem although FsspecWriter stores its own.
-        self.fs = _StagedFileSystem(options, staging)  # type: ignore[assignment]
+        self.fs = self._staged  # type: ignore[assignment]
         self.path = self.fs.init_path(path)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """Each rank, before it writes: the files a killed save staged for upload go."""
+        self._staged.drop_orphans()
+        return super().prepare_local_plan(plan)
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Coordinator step after every rank planned and before any rank writes: unpublish a
-        stale ``.metadata`` so a half-overwritten directory is never taken as complete."""
+        stale ``.metadata`` so a half-overwritten directory is never taken as complete, and
+        delete the partial shards a killed save left."""
         stale = self.fs.concat_path(self.path, METADATA)
         if self.fs.exists(stale):
             self.fs.rm_file(stale)
+        self._staged.drop_torn(self.path)
         return super().prepare_global_plan(plans)
 
 

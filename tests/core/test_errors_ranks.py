@@ -250,3 +250,36 @@ def test_notebook_cell_functions_show_their_cell_and_source(tmp_path: Path) -> N
 def test_rank_errors_are_distributed_errors_or_the_ranks_own() -> None:
     assert issubclass(RemoteError, DistributedError)
     assert issubclass(RankFailedError, DistributedError)
+
+
+def _set_cuda_device() -> None:
+    import torch
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # the vendor docs' SimpleMLP
+
+
+def _init_nccl() -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl")  # not the warm gloo group's backend: torch's own init
+
+
+@pytest.mark.parametrize("gpu_code", [_set_cuda_device, _init_nccl], ids=["set_device", "nccl"])
+def test_gpu_only_code_in_cpu_mode_says_what_to_use_instead(gpu_code: Any) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this torch has CUDA: the GPU-only calls work")
+
+    @distributed(gpus=2, gpu_type="cpu", tracking=False, output="none")
+    def simple_mlp() -> None:
+        gpu_code()
+
+    with pytest.raises((AttributeError, RuntimeError)) as info:  # torch's own types
+        simple_mlp.distributed()
+    assert type(info.value) in (AttributeError, RuntimeError)
+    notes = getattr(info.value, "__notes__", [])
+    assert any(
+        "CPU mode" in note and "runtime.device()" in note and "runtime.init_process_group()" in note
+        for note in notes
+    ), notes

@@ -7,6 +7,7 @@ fork that fails, a runs folder that fills up: each fails only its own call.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import psutil
 import pytest
 
 from serverless_gpu import distributed, runtime
-from serverless_gpu.errors import DistributedError, DistributedTimeoutError
+from serverless_gpu.errors import DistributedError, DistributedTimeoutError, StorageError
 from serverless_gpu.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV
 
 
@@ -223,3 +224,48 @@ def test_rank_messages_still_arrive() -> None:
     assert handle.result(timeout=120) == [7, 7]
     assert got.count(b"y" * (3 << 20)) == 2
     assert {0, 1} <= set(got)
+
+
+def _fill(folder: Path) -> Path:
+    """Take every free page of the filesystem ``folder`` is on, as another program would."""
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"x" * (1 << 16))
+    return filler
+
+
+@pytest.mark.timeout(120)
+def test_a_run_directory_that_cannot_be_made_names_the_folder_and_the_way_out(
+    small_runs_disk: Path,
+) -> None:
+    filler = _fill(small_runs_disk)
+    with pytest.raises(StorageError) as info:
+        _launcher_pid.distributed()
+    text = str(info.value)
+    assert text.startswith(f"could not create the run directory in {small_runs_disk}"), text
+    assert "No space left on device" in text and "None" not in text, text
+    assert f"Free space in {small_runs_disk} or set {RUNS_DIR_ENV}" in text, text
+    assert info.value.errno == errno.ENOSPC
+    filler.unlink()  # as the message says: the next call works
+    assert len(_launcher_pid.distributed()) == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_result_the_full_disk_cannot_take_says_which_rank_returned_what(
+    small_runs_disk: Path,
+) -> None:
+    @distributed(gpus=1, tracking=False, output="none", standby=False)
+    def big() -> bytes:
+        _fill(small_runs_disk)  # nothing is left for the result, nor for its error record
+        return b"x" * (50 << 20)
+
+    handle = big.start()
+    with pytest.raises(DistributedError) as info:
+        handle.result(timeout=100)
+    text = str(info.value)
+    assert text.startswith("rank 0 returned a builtins.bytes that could not be written for"), text
+    assert "raised returned" not in text and "No space left on device" in text, text
+    assert f"Free space in {small_runs_disk} or set {RUNS_DIR_ENV}" in text, text
+    assert handle.finished is not None
+    assert handle.finished.message.splitlines()[0] == text.splitlines()[0]

@@ -4,6 +4,8 @@ discovery; the single-process training-state round trip; partial checkpoints."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -165,3 +167,53 @@ def test_a_fork_during_an_upload_leaves_the_child_a_working_tempfile(s3_endpoint
         "saved": True,
     }, run.stderr[-3000:]
     assert fs.exists(f"{bucket}/ckpt/step_000000001/.metadata")
+
+
+_KILLED_SAVE = """
+import json, os, signal, sys, threading, time
+import torch
+import torch.distributed.checkpoint as dcp
+from serverless_gpu.data import VolumeWriter
+
+path, options, staging, watch = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+big = {"w": torch.ones(32 << 20)}  # 128 MB: writing its shard takes long enough to be caught
+writer = VolumeWriter(path, storage_options=options, staging_dir=staging)
+threading.Thread(target=dcp.save, args=(big,), kwargs={"storage_writer": writer}).start()
+deadline = time.monotonic() + 60
+while not any(n.endswith(".part") for n in (os.listdir(watch) if os.path.isdir(watch) else [])):
+    if time.monotonic() > deadline:
+        sys.exit("no shard file was ever being written")
+    time.sleep(0.001)
+os.kill(os.getpid(), signal.SIGKILL)  # mid-write, as an out-of-memory kill or a preemption
+"""
+
+
+def _parts(folder: Path) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.endswith(".part")) if folder.is_dir() else []
+
+
+@pytest.mark.timeout(120)
+def test_a_save_killed_mid_way_leaves_no_partial_shard_after_the_next_save(
+    storage: Storage, tmp_path: Path
+) -> None:
+    path = storage.url("ckpt", "step_000000001")
+    staging = tmp_path / "staging"
+    # Where the killed save's partial shard lies: beside its final name on a local volume,
+    # in the staging folder for an object store.
+    watch = Path(path) if storage.kind == "local" else staging
+    options = json.dumps(storage.storage_options)
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_SAVE, path, options, str(staging), str(watch)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert _parts(watch), "the killed save left a partial shard"
+
+    writer = VolumeWriter(path, storage_options=storage.storage_options, staging_dir=staging)
+    dcp.save(state(3), storage_writer=writer)
+    assert _parts(watch) == [] and _parts(staging) == []
+    loaded = {k: torch.zeros_like(v) for k, v in state(0).items()}
+    dcp.load(loaded, storage_reader=VolumeReader(path, storage_options=storage.storage_options))
+    assert all(torch.equal(loaded[k], v) for k, v in state(3).items())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +69,95 @@ def test_no_cluster_is_a_configuration_error_before_anything_starts(tmp_path: Pa
     assert "connected to none" in out.stdout and "ray.init(address=" in out.stdout, out
     assert "RAY_ADDRESS" in out.stdout
     assert not (tmp_path / "runs").exists(), "no run directory was made"
+
+
+def test_a_stale_ray_address_fails_in_seconds_naming_it(tmp_path: Path) -> None:
+    """Nothing listens at the address (a cluster since stopped): ray.init would retry it for
+    many minutes; the call's timeout covers connecting."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"  # free once closed: nothing listens there
+    code = (
+        "import serverless_gpu as s\n"
+        "fn = s.distributed(gpus=2, gpu_type='cpu', remote=True, timeout=30)(print)\n"
+        "try:\n"
+        "    fn.distributed()\n"
+        "except s.ConfigurationError as exc:\n"
+        "    print('ConfigurationError:', exc)\n"
+    )
+    env = {**os.environ, "RAY_ADDRESS": address, "HOME": str(tmp_path)}
+    env["SERVERLESS_GPU_RUNS_DIR"] = str(tmp_path / "runs")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert f"ConfigurationError: no Ray cluster answers at RAY_ADDRESS={address!r}" in out.stdout, (
+        out
+    )
+    assert "Connection refused" in out.stdout
+    assert not (tmp_path / "runs").exists(), "no run directory was made"
+
+
+_TOKEN_HEAD = """
+import os, sys
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+from ray.cluster_utils import Cluster
+
+for attempt in range(4):  # a raylet gives up on a dashboard agent slow to start on a busy box
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        break
+    except Exception:
+        if attempt == 3:
+            raise
+print(cluster.address, flush=True)
+sys.stdin.read()  # until the test closes it
+cluster.shutdown()
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_token_the_cluster_refuses_is_named_as_the_cause(tmp_path: Path) -> None:
+    """Ray's own words for a refused token are "Failed to connect ... run `ray stop`"."""
+    head_env = {**os.environ, "HOME": str(tmp_path / "head"), "RAY_AUTH_MODE": "token"}
+    head_env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    head = subprocess.Popen(
+        [sys.executable, "-c", _TOKEN_HEAD],
+        env=head_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert head.stdout is not None and head.stdin is not None
+        address = head.stdout.readline().strip()
+        assert address, "the head node with token authentication did not start"
+        code = (
+            "import serverless_gpu as s\n"
+            "fn = s.distributed(gpus=1, gpu_type='cpu', remote=True, timeout=30)(print)\n"
+            "try:\n"
+            "    fn.distributed()\n"
+            "except s.ConfigurationError as exc:\n"
+            "    print('ConfigurationError:', exc)\n"
+        )
+        env = {**os.environ, "RAY_ADDRESS": address, "HOME": str(tmp_path / "caller")}
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+        env["SERVERLESS_GPU_RUNS_DIR"] = str(tmp_path / "runs")
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert (
+            f"ConfigurationError: the Ray cluster at RAY_ADDRESS={address!r} refused this "
+            "process's authentication token"
+        ) in out.stdout, out
+        assert "RAY_AUTH_TOKEN" in out.stdout
+    finally:
+        if head.stdin is not None:
+            head.stdin.close()
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait(10)
 
 
 @pytest.mark.parametrize("options", [{"backend": "ray"}, {"remote": True}])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 from ... import settings
@@ -17,11 +18,15 @@ HOW_TO_CONNECT = (
     "RAY_ADDRESS=auto (docs/ray.md)"
 )
 
+_PROBE_S = 5.0
+"""How long a cluster's head may take to accept a TCP connection: a live one does in
+milliseconds, and ``ray.init`` on an address nothing answers at retries for many minutes."""
 
-def connect() -> Any:
+
+def connect(timeout: float | None = None) -> Any:
     """The ``ray`` module, connected: ``ray.init`` already called, else ``RAY_ADDRESS`` set (then
-    we connect). Raises :class:`ConfigurationError` saying how to connect, before anything
-    starts."""
+    we connect, first checking within ``timeout`` (the call's) that anything answers there).
+    Raises :class:`ConfigurationError` saying how to connect, before anything starts."""
     try:
         import ray
     except ImportError:
@@ -37,15 +42,78 @@ def connect() -> Any:
             f"{option('remote', True)} runs the call on a Ray cluster, and this process is "
             f"connected to none: {HOW_TO_CONNECT}"
         )
+    _check_answers(address, _PROBE_S if timeout is None else min(timeout, _PROBE_S))
     try:
         # Ranks' output comes back as the call's own events; Ray's copy would print it twice.
         ray.init(address=address, log_to_driver=False)
     except Exception as exc:
-        raise ConfigurationError(
-            f"could not connect to the Ray cluster at RAY_ADDRESS={address!r}: "
-            f"{type(exc).__name__}: {exc}"
-        ) from None
+        raise ConfigurationError(_not_connected(address, exc)) from None
     return ray
+
+
+def _not_connected(address: str, exc: Exception) -> str:
+    """Why ``ray.init`` failed: Ray says "Failed to connect" (and suggests ``ray stop``) even
+    when the cluster answered and refused this process's token."""
+    if _token_refused(address):
+        return (
+            f"the Ray cluster at RAY_ADDRESS={address!r} refused this process's authentication "
+            "token (token authentication is on there): give this process the cluster's token "
+            "in RAY_AUTH_TOKEN, or in a file named by RAY_AUTH_TOKEN_PATH (default "
+            "~/.ray/auth_token); `ray get-auth-token` on the head node prints it"
+        )
+    text = f"could not connect to the Ray cluster at RAY_ADDRESS={address!r}: "
+    text += f"{type(exc).__name__}: {exc}"
+    return text + (f"; {HOW_TO_CONNECT}" if isinstance(exc, ConnectionError) else "")
+
+
+def _token_refused(address: str) -> bool:
+    """One request to the head's GCS, with the token settings ``ray.init`` has just loaded:
+    True when it is refused as unauthenticated."""
+    target = None if address.startswith("ray://") else _host_port(address)
+    if target is None:
+        return False
+    try:
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled, not in the stub
+
+        GcsClient(address=f"{target[0]}:{target[1]}")
+    except Exception as exc:  # Ray's RpcError or AuthenticationError, by its words
+        return any(word in str(exc) for word in ("Unauthenticated", "InvalidAuthToken"))
+    return False
+
+
+def _check_answers(address: str, wait: float) -> None:
+    """Raise :class:`ConfigurationError` when nothing accepts a connection at ``address`` within
+    ``wait`` seconds: a stale ``RAY_ADDRESS`` (a cluster since stopped) fails in seconds."""
+    target = _host_port(address)
+    if target is None:  # not an address we can resolve: ray.init reports it
+        return
+    try:
+        socket.create_connection(target, timeout=wait).close()
+    except OSError as exc:
+        why = f"no answer within {wait:g} s" if isinstance(exc, TimeoutError) else exc.strerror
+        raise ConfigurationError(
+            f"no Ray cluster answers at RAY_ADDRESS={address!r} ({target[0]}:{target[1]}: "
+            f"{why or exc}): the cluster there has stopped or never started. Start it, or set "
+            f"RAY_ADDRESS to a running cluster's address; {HOW_TO_CONNECT}"
+        ) from None
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """The host and port ``ray.init(address=...)`` connects to first: the client server of a
+    ``ray://`` address, else the head's GCS (``auto``: the cluster Ray last started here)."""
+    if address.startswith("ray://"):
+        address = address[len("ray://") :]
+    else:
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            address = canonicalize_bootstrap_address(address) or ""
+        except Exception:  # no cluster for "auto", or a Ray without this helper
+            return None
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
 
 
 def cluster_placement(gpus: int | None, gpu_type: str | GPUType | None) -> Placement:

@@ -194,7 +194,7 @@ class RayRun:
         peers = [x.rank for x in self.ranks if x.node_rank == r.node_rank]
         if node and not _node_alive(ray, node):
             what = (
-                f"was lost with its node: node {r.node_rank} ({r.label or node}) died; "
+                f"was lost with its node: {r.label} died; "
                 f"ranks {', '.join(map(str, peers))} ran there"
             )
         else:
