@@ -95,6 +95,20 @@ def exception_message(exc: BaseException) -> str:
         return STR_FAILED
 
 
+# What a rank's collective raises when a peer went away: a consequence of another rank's end.
+PEER_LOST_WORDS = ("connection closed by peer", "connection reset by peer")
+
+
+def root_cause(failures: list[tuple[float, int, str]]) -> tuple[float, int, str] | None:
+    """The run's root cause among ``(time, rank, what)`` failures: the first in time, except
+    that a rank whose collective lost its peer comes after any other kind of failure. The peer
+    that crashed ended before that error, but its exit is seen (and timed) by the launcher only
+    when it gets to it, which on a busy machine is after the survivor's error was recorded."""
+    if not failures:
+        return None
+    return min(failures, key=lambda f: (any(w in f[2].lower() for w in PEER_LOST_WORDS), f))
+
+
 def describe_failure(kind: str, type_name: str, message: str) -> str:
     """A rank's failure as it reads after ``rank N``: worded here once, for the console, the
     widget, MLflow and the exception the caller raises."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import (
+    PEER_LOST_WORDS,
     CancelledError,
     DistributedError,
     DistributedTimeoutError,
@@ -25,7 +26,7 @@ from .errors import (
     exception_message,
 )
 
-_COLLECTIVE_WORDS = ("gloo", "nccl", "connection closed by peer", "connection reset by peer")
+_COLLECTIVE_WORDS = ("gloo", "nccl", *PEER_LOST_WORDS)
 
 
 @dataclass

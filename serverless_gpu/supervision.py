@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .channel import Undecodable
+from .errors import root_cause
 from .events import (
     OutputLines,
     RankFinished,
@@ -459,7 +460,7 @@ class RunSupervisor:
     def _finish(self) -> None:
         root: int | None = None
         cause = ""
-        first = min(self.failures) if self.failures else None
+        first = root_cause(self.failures)
         if self.run_failure is not None and (first is None or self.run_failure[0] <= first[0]):
             self.status = RunStatus.FAILED
             self.message = self.run_failure[1]

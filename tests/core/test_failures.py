@@ -223,3 +223,19 @@ def test_gpu_mode_without_gpus_says_how_to_use_cpu(monkeypatch: pytest.MonkeyPat
 
     with pytest.raises(GPUConfigError, match="no GPU is visible"):
         too_many.distributed()
+
+
+def test_a_peer_that_lost_its_connection_is_not_the_root_cause_of_a_crash() -> None:
+    """The survivor's "connection closed by peer" can be recorded before the launcher sees the
+    crashed rank's exit (a busy machine): the crash is still the root cause, whatever the
+    order of the records; between failures of one kind, the first in time is."""
+    from serverless_gpu.errors import root_cause
+
+    lost = (1.0, 0, "raised RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:4242")
+    crash = (1.2, 1, "exited with code 1")
+    assert root_cause([lost, crash]) == crash
+    assert root_cause([crash, lost]) == crash
+    later = (1.5, 0, "raised ValueError: bad labels")
+    assert root_cause([later, crash]) == crash
+    assert root_cause([lost]) == lost
+    assert root_cause([]) is None

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import settings
-from ...errors import describe_failure
+from ...errors import describe_failure, root_cause
 from ...events import (
     OutputLines,
     RankFinished,
@@ -305,8 +305,9 @@ class RayRun:
                     self._rank_finished(r)
         unfinished = tuple(r.rank for r in self.ranks if r.state is RankState.STOPPED)
         root, cause = None, ""
-        if self.failures and self.status is RunStatus.FAILED:
-            _when, root, cause = min(self.failures)
+        first = root_cause(self.failures)
+        if first is not None and self.status is RunStatus.FAILED:
+            _when, root, cause = first
             self.message = f"rank {root} {cause}"
         elif not self.stopping:
             self.status = RunStatus.SUCCEEDED
