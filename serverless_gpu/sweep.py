@@ -17,7 +17,7 @@ from typing import Any
 from .completion import as_completed
 from .decorator import DistributedFunction
 from .errors import WaitTimeoutError
-from .handle import RunHandle
+from .handle import RunHandle, check_timeout, deadline_of
 from .results import RunResult
 
 
@@ -35,6 +35,7 @@ def sweep(
     trials not started yet get a :class:`WaitTimeoutError`."""
     if max_concurrent is not None and max_concurrent < 1:
         raise ValueError(f"max_concurrent must be at least 1, not {max_concurrent!r}")
+    check_timeout(timeout)
     items = list(items)
     limit = max_concurrent or len(items) or 1
     handles: dict[int, RunHandle[Any]] = {}
@@ -67,7 +68,7 @@ def _run_all(
     timeout: float | None,
 ) -> None:
     """Start trials in item order, never more than ``limit`` unfinished at once."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = deadline_of(timeout)
     following = iter(range(len(items)))
     running: list[RunHandle[Any]] = []
     for i in following:
