@@ -137,7 +137,7 @@ class DistributedFunction(Generic[P, R]):
                             add_note(exc, attempts_note(failed))
                         raise
                     call.attempt += 1
-                    _say_retrying(failed[-1], call)
+                    say_retrying(failed[-1], call)
         finally:
             call.end(status)
 
@@ -178,7 +178,8 @@ class DistributedFunction(Generic[P, R]):
     def map(self, items: Iterable[Any]) -> list[RunHandle[R]]:
         """Start one run per item (a dict of keyword arguments, a tuple of positional ones, or
         a single argument) and return their handles in item order, at once. Every item is
-        pickled first: one that cannot be raises before any run starts."""
+        pickled first: one that cannot be raises before any run starts. Each handle is one
+        attempt, as ``start``'s; ``serverless_gpu.sweep`` retries trials (``max_retries``)."""
         calls = [trial_arguments(item) for item in items]
         limit = max_payload_bytes(self.config.max_payload_bytes)
         payloads = []
@@ -193,11 +194,11 @@ class DistributedFunction(Generic[P, R]):
             for i, ((args, kwargs), payload) in enumerate(zip(calls, payloads, strict=True))
         ]
 
-    def start_trial(self, trial: int, item: Any) -> RunHandle[R]:
+    def start_trial(self, trial: int, item: Any, call: Call | None = None) -> RunHandle[R]:
         """Start item number ``trial`` of a sweep (``map``, ``sweep``): its arguments become
-        the run's ``params``."""
+        the run's ``params``; ``call``: the item's call when this is a retry (``sweep``)."""
         args, kwargs = trial_arguments(item)
-        return self._start_with(Call(), args, kwargs, trial)
+        return self._start_with(call or Call(), args, kwargs, trial)
 
     def _start(self, call: Call, *args: Any, **kwargs: Any) -> RunHandle[R]:
         return self._start_with(call, args, kwargs)
@@ -253,7 +254,7 @@ def _interrupted(handle: RunHandle[Any], cfg: DistributedConfig) -> None:
         handle.wait(_INTERRUPT_WAIT_S)
 
 
-def _say_retrying(failed: FailedAttempt, call: Call) -> None:
+def say_retrying(failed: FailedAttempt, call: Call) -> None:
     print(
         f"serverless_gpu: attempt {failed.number} failed ({failed.cause}); starting attempt "
         f"{call.attempt} of {call.max_retries} (runtime.attempt() tells the ranks)",

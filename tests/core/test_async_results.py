@@ -195,3 +195,25 @@ def test_a_map_with_an_unpicklable_item_starts_no_run(private_roots: Path) -> No
     assert "item 3 of the map; no run of the map was started" in str(info.value.__notes__)
     runs = private_roots / "runs"
     assert not runs.exists() or not [p for p in runs.iterdir() if p.is_dir()], "a run started"
+
+
+def crash_first_attempt(tag: str) -> tuple[str, int]:
+    """Killed on attempt 0 (a crash: retried); the item and the attempt number after."""
+    from serverless_gpu import runtime
+
+    if runtime.attempt() == 0:
+        os._exit(3)
+    return tag, runtime.attempt()
+
+
+def test_sweep_trials_honour_max_retries(capsys: pytest.CaptureFixture[str]) -> None:
+    fn = distributed(gpus=1, max_retries=1, tracking=False, standby=False, output="none")(
+        crash_first_attempt
+    )
+    outcomes = serverless_gpu.sweep(fn, ["a", "b", "c"], max_concurrent=2)
+    assert [o if isinstance(o, BaseException) else list(o) for o in outcomes] == [
+        [("a", 1)],
+        [("b", 1)],
+        [("c", 1)],
+    ]
+    assert capsys.readouterr().err.count("starting attempt 1 of 1") == 3
