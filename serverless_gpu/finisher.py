@@ -31,8 +31,12 @@ def submit(job: Callable[[], None]) -> None:
         if _closed:
             return
         if _thread is None:
-            _thread = threading.Thread(target=_work, name="serverless-gpu-finisher", daemon=True)
-            _thread.start()
+            thread = threading.Thread(target=_work, name="serverless-gpu-finisher", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # the interpreter is shutting down: its exit handlers do it
+                return
+            _thread = thread
             # Registered now, after the backend's own exit handler: run first (atexit is LIFO).
             atexit.register(_drain, _DRAIN_AT_EXIT_S)
     _jobs.put(job)
