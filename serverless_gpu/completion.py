@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from .errors import WaitTimeoutError
 from .events import RunStatus
-from .handle import RunHandle
+from .handle import RunHandle, deadline_of
 
 __all__ = ["ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION", "as_completed", "wait"]
 
@@ -47,7 +47,7 @@ def as_completed(
     first. Raises :class:`WaitTimeoutError` (a ``TimeoutError``) if ``timeout`` seconds pass
     with runs still going; those go on."""
     pending = list(dict.fromkeys(handles))
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = deadline_of(timeout)
     while pending:
         ended = _newly_done(pending)
         for handle in ended:
@@ -75,7 +75,7 @@ def wait(
             f"{FIRST_EXCEPTION!r}, not {return_when!r}"
         )
     everything = set(handles)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = deadline_of(timeout)
     while True:
         done = {h for h in everything if h.done()}
         not_done = everything - done

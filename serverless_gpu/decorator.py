@@ -214,7 +214,7 @@ class DistributedFunction(Generic[P, R]):
                             add_note(exc, attempts_note(failed))
                         raise
                     call.attempt += 1
-                    _say_retrying(failed[-1], call)
+                    say_retrying(failed[-1], call)
         finally:
             call.end(status)
 
@@ -254,26 +254,49 @@ class DistributedFunction(Generic[P, R]):
 
     def map(self, items: Iterable[Any]) -> list[RunHandle[R]]:
         """Start one run per item (a dict of keyword arguments, a tuple of positional ones, or
-        a single argument) and return their handles in item order, at once."""
-        return [self.start_trial(i, item) for i, item in enumerate(items)]
+        a single argument) and return their handles in item order, at once. Every item is
+        pickled first: one that cannot be raises before any run starts. Each handle is one
+        attempt, as ``start``'s; ``serverless_gpu.sweep`` retries trials (``max_retries``)."""
+        calls = [trial_arguments(item) for item in items]
+        limit = max_payload_bytes(self.config.max_payload_bytes)
+        payloads = []
+        for i, (args, kwargs) in enumerate(calls):
+            try:
+                payloads.append(dump_payload(self.func, args, kwargs, limit))
+            except DistributedError as exc:
+                add_note(exc, f"(item {i} of the map; no run of the map was started)")
+                raise
+        return [
+            self._start_with(Call(), args, kwargs, i, payload)
+            for i, ((args, kwargs), payload) in enumerate(zip(calls, payloads, strict=True))
+        ]
 
-    def start_trial(self, trial: int, item: Any) -> RunHandle[R]:
+    def start_trial(self, trial: int, item: Any, call: Call | None = None) -> RunHandle[R]:
         """Start item number ``trial`` of a sweep (``map``, ``sweep``): its arguments become
-        the run's ``params``."""
+        the run's ``params``; ``call``: the item's call when this is a retry (``sweep``)."""
         args, kwargs = trial_arguments(item)
-        return self._start_with(Call(), args, kwargs, trial)
+        return self._start_with(call or Call(), args, kwargs, trial)
 
     def _start(self, call: Call, *args: Any, **kwargs: Any) -> RunHandle[R]:
         return self._start_with(call, args, kwargs)
 
     def _start_with(
-        self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], trial: int | None = None
+        self,
+        call: Call,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        trial: int | None = None,
+        payload: bytes | None = None,
     ) -> RunHandle[R]:
+        """Start one run; ``payload``: the call already pickled (``map`` pickles every item
+        before it starts any)."""
         cfg = self.config
         settings.check()  # before anything exists: no run directory, MLflow run or launcher
         cwd = _working_directory()
         placement = _placement(cfg)
-        payload = dump_payload(self.func, args, kwargs, max_payload_bytes(cfg.max_payload_bytes))
+        if payload is None:
+            limit = max_payload_bytes(cfg.max_payload_bytes)
+            payload = dump_payload(self.func, args, kwargs, limit)
         name = getattr(self.func, "__qualname__", "fn")
         try:
             run_id, run_dir, results_dir = new_run_dir(name)
@@ -311,7 +334,7 @@ def _interrupted(handle: RunHandle[Any], cfg: DistributedConfig) -> None:
         handle.wait(_INTERRUPT_WAIT_S)
 
 
-def _say_retrying(failed: FailedAttempt, call: Call) -> None:
+def say_retrying(failed: FailedAttempt, call: Call) -> None:
     print(
         f"serverless_gpu: attempt {failed.number} failed ({failed.cause}); starting attempt "
         f"{call.attempt} of {call.max_retries} (runtime.attempt() tells the ranks)",

@@ -2,18 +2,28 @@
 
 Events arrive from the backend's reader thread into a queue; they are dispatched to subscribers
 in whichever thread waits on the handle, so renderers update from the caller's own thread.
+
+A run's end is the run's, not its reader's: when nobody waits in ``result()`` as it ends, the
+finisher thread dispatches its events (tracking and ``run.json`` record the end), moves its
+results from the tmpfs twin into the run directory and lets go of the run's descriptor. The
+result is loaded once, under a lock, and every reader gets that same value or error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
 import queue
 import shutil
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from . import finisher
 from . import stacks as _stacks
 from .errors import WaitTimeoutError
 from .events import (
@@ -32,6 +42,7 @@ from .hangs import HangWatch
 from .hooks import RunContext
 from .results import RunResult, failure_exception, load_results, with_root_cause
 from .rundirs import release_run
+from .runpaths import RunPaths
 
 R = TypeVar("R")
 _STDERR_TAIL_LINES = 20
@@ -54,7 +65,8 @@ class RunHandle(Generic[R]):
     * ``devices``: the devices it was allocated (GPU entries or CPU slots), once it starts.
     * ``run_dir``, ``links`` (``links["mlflow"]`` when tracked), ``logs(rank)``.
 
-    Events are dispatched to subscribers by whichever thread waits on (or polls) the handle.
+    Events are dispatched to subscribers by whichever thread waits on (or polls) the handle;
+    those of a run that ends while no thread waits in ``result()``, by a background thread.
     """
 
     def __init__(
@@ -66,7 +78,7 @@ class RunHandle(Generic[R]):
         self.context = ctx
         self.run_id = ctx.run_id
         self.run_dir = ctx.run_dir
-        self.status = RunStatus.PENDING
+        self._status = RunStatus.PENDING
         self.devices: tuple[str, ...] = ()
         """The devices the launcher allocated to the run (empty while queued)."""
         self.ranks: dict[int, RankFinished] = {}
@@ -80,6 +92,19 @@ class RunHandle(Generic[R]):
         self._subscribers: list[Subscriber] = []
         self._stderr: dict[int, deque[str]] = {}
         self._outcome: tuple[RunResult[R] | None, BaseException | None] | None = None
+        self._loading = threading.Lock()
+        """Held while the outcome is built and while the run's files are moved or dropped."""
+        self._released = False
+        """The run's bulk files are handled (dropped, or results spilled) and its run released."""
+        self._readers = 0
+        """Threads inside ``result()``: a run that ends while one waits is handled by it."""
+        self._ended = False
+        """The backend has pushed the run's end."""
+        self._end_lock = threading.Lock()
+        # A handle dropped unread takes its run's leftovers with it (not at exit: the backend's
+        # shutdown owns the runs still going then).
+        self._dropped = weakref.finalize(self, _drop_bulk_files, ctx.paths)
+        self._dropped.atexit = False
         self.load_values: Callable[[], list[Any]] | None = None
         """Where the backend keeps the ranks' values itself (Ray's object store); None: the
         result files of the run."""
@@ -96,26 +121,55 @@ class RunHandle(Generic[R]):
 
     def push(self, event: Event) -> None:
         self._queue.put(event)
+        if isinstance(event, RunFinished):
+            finisher.submit(self._on_end)
+
+    def _on_end(self) -> None:
+        """In the finisher thread: the run ended; a reader waiting in ``result()`` handles it."""
+        with self._end_lock:
+            self._ended = True
+            if self._readers:
+                return
+        self._settle()
+
+    def _settle(self) -> None:
+        """Record the end (dispatch) and keep the results where no descriptor or tmpfs page is
+        needed until they are read."""
+        self.poll()
+        with self._loading:
+            if not self._released and self._outcome is None:
+                self._released = _spill_results(self.context.paths)
 
     # -- consuming (caller thread) ---------------------------------------------------------
 
     def subscribe(self, subscriber: Subscriber) -> None:
         self._subscribers.append(subscriber)
 
-    def poll(self) -> bool:
-        """Dispatch every queued event; True once the run has finished."""
-        with self._dispatching:
+    def poll(self, blocking: bool = True) -> bool:
+        """Dispatch every queued event; True once the run has finished. Not ``blocking``: when
+        another thread is dispatching, leave the events to it."""
+        if not self._dispatching.acquire(blocking):
+            return self.finished is not None
+        try:
             while self.finished is None:
                 try:
                     event = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 self._dispatch(event)
+        finally:
+            self._dispatching.release()
         return self.finished is not None
+
+    @property
+    def status(self) -> RunStatus:
+        """The run's status now (reading it dispatches the events that arrived)."""
+        self.poll(blocking=False)
+        return self._status
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the run finishes (True) or ``timeout`` seconds pass (False)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_of(timeout)
         while not self.poll():
             remaining = _SLICE_S if deadline is None else min(_SLICE_S, deadline - time.monotonic())
             if remaining <= 0:
@@ -174,15 +228,13 @@ class RunHandle(Generic[R]):
     def result(self, timeout: float | None = None) -> RunResult[R]:
         """The ranks' return values in rank order, or the root-cause exception raised."""
         __tracebackhide__ = True  # IPython and pytest hide this frame in tracebacks
-        if not self.wait(timeout):
+        if not self._wait_as_reader(timeout):
             raise WaitTimeoutError(
                 f"run {self.run_id} still running after waiting {timeout:g} s; it goes on "
                 "(call result() again to keep waiting, or cancel() to stop it)",
                 run_dir=self.run_dir,
             )
-        if self._outcome is None:
-            self._outcome = self._build_outcome()
-        values, error = self._outcome
+        values, error = self._load_outcome()
         if error is not None:
             # Raised afresh each time: a second result() call must not show the first's frames.
             raise error.with_traceback(None)
@@ -190,6 +242,38 @@ class RunHandle(Generic[R]):
         return values
 
     # -- internals -------------------------------------------------------------------------
+
+    def _wait_as_reader(self, timeout: float | None) -> bool:
+        """``wait``, as a reader: a run that ends meanwhile is handled here, in this thread
+        (renderers print from it), unless the end came after the wait gave up."""
+        check_timeout(timeout)
+        with self._end_lock:
+            self._readers += 1
+        finished = False
+        try:
+            finished = self.wait(timeout)
+            return finished
+        finally:
+            with self._end_lock:
+                self._readers -= 1
+                left_to_us = self._ended and not self._readers
+            if left_to_us and not finished:  # the finisher skipped the end for the readers
+                self._settle()
+
+    def _load_outcome(self) -> tuple[RunResult[R] | None, BaseException | None]:
+        """Built once: concurrent readers wait for the first, and all get its outcome."""
+        with self._loading:
+            if self._outcome is None:
+                outcome = self._build_outcome()  # an interrupt here caches nothing, drops nothing
+                self._outcome = outcome
+                self._release()
+            return self._outcome
+
+    def _release(self) -> None:
+        """The run's bulk files are of no more use: drop them and let pruning have the run."""
+        self._released = True
+        self._dropped.detach()
+        _drop_bulk_files(self.context.paths)
 
     def _dispatch(self, event: Event) -> None:
         self._hangs.seen(event)
@@ -203,17 +287,18 @@ class RunHandle(Generic[R]):
         elif isinstance(event, RunFinished):
             event = with_root_cause(event, self.context.paths)
             self.finished = event
-            self.status = event.status
+            self._status = event.status
             if event.status is not RunStatus.SUCCEEDED:
-                _drop_bulk_files(self.context)  # no results to load; nobody may ask for them
+                with self._loading:  # no results to load; nobody may ask for them
+                    self._release()
         elif isinstance(event, RunQueued):
-            self.status = RunStatus.QUEUED
+            self._status = RunStatus.QUEUED
         elif isinstance(event, RunScheduled):
-            self.status = RunStatus.PENDING
+            self._status = RunStatus.PENDING
             self.devices = event.devices
             self.context.metadata["devices"] = event.devices
-        elif self.status is RunStatus.PENDING and isinstance(event, RankStarted | OutputLines):
-            self.status = RunStatus.RUNNING
+        elif self._status is RunStatus.PENDING and isinstance(event, RankStarted | OutputLines):
+            self._status = RunStatus.RUNNING
         for subscriber in self._subscribers:
             subscriber(event)
 
@@ -239,15 +324,58 @@ class RunHandle(Generic[R]):
             return result, None
         except Exception as exc:  # a broken result file must still end the call with an error
             return None, exc
-        finally:
-            _drop_bulk_files(ctx)
 
 
-def _drop_bulk_files(ctx: RunContext) -> None:
+def check_timeout(timeout: float | None) -> None:
+    """A wait's ``timeout``: None (no limit) or seconds >= 0; NaN would never be reached."""
+    if timeout is not None and (math.isnan(timeout) or timeout < 0):
+        raise ValueError(
+            f"timeout must be None (wait until the run ends) or a number of seconds >= 0, "
+            f"not {timeout!r}"
+        )
+
+
+def deadline_of(timeout: float | None) -> float | None:
+    """When (``time.monotonic()``) a wait of ``timeout`` seconds ends; None: never."""
+    check_timeout(timeout)
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _drop_bulk_files(paths: RunPaths) -> None:
     """Payload and result files can be GBs; logs and error records stay for the user."""
-    paths = ctx.paths
     for path in paths.bulk_files():
         path.unlink(missing_ok=True)
     if paths.results_dir is not None:
         shutil.rmtree(paths.results_dir, ignore_errors=True)  # mapped results keep their pages
     release_run(paths.run_dir)  # the call is over: pruning may take its directory now
+
+
+def _spill_results(paths: RunPaths) -> bool:
+    """A finished run nobody reads yet: its results move from the tmpfs twin into the run
+    directory (disk, not memory), the payload goes, and the run's descriptor is let go (its
+    unread results keep the directory from pruning). False, and nothing released, where the
+    run directory has no room: the results then wait in the twin, as the run's lock does."""
+    paths.payload.unlink(missing_ok=True)
+    twin = paths.results_dir
+    if twin is not None:
+        try:
+            for source in sorted(twin.glob(RunPaths.RESULT_GLOB)):
+                _move(source, paths.run_dir / source.name)
+        except OSError:
+            return False
+        shutil.rmtree(twin, ignore_errors=True)
+    release_run(paths.run_dir)
+    return True
+
+
+def _move(source: os.PathLike[str], target: os.PathLike[str]) -> None:
+    """Copied under a temporary name, then renamed: a reader never sees half a result."""
+    partial = f"{os.fspath(target)}.spill"
+    try:
+        shutil.copyfile(source, partial)
+        os.replace(partial, target)
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)  # a full disk keeps no half copy
+        raise
+    os.unlink(source)

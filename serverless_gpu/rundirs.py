@@ -25,7 +25,8 @@ a link to its run directory; a launcher log has a launcher log's name. Beyond th
 newest ``$SERVERLESS_GPU_KEEP_RUNS`` (20) of each kind, one is deleted only when it is not live
 and, unless it is a finished run of the pruning process itself, older than :data:`GRACE_S`. A
 run is live while its caller holds the ``flock`` on its marker, from :func:`new_run_dir` until
-:func:`release_run` (or the caller's exit: the kernel drops the lock of a dead process); a
+:func:`release_run` (or the caller's exit: the kernel drops the lock of a dead process), and
+after that while it holds result files its caller, still running, has not read; a
 launcher log while the caller that wrote it (its pid, not started after the log's last write)
 runs. A twin goes once its run directory is gone.
 """
@@ -50,7 +51,15 @@ import psutil
 
 from . import settings
 from .errors import ConfigurationError
-from .runpaths import LAUNCHER_LOG, MARKER, RUN_NAME, TWIN_OWNER, launcher_log, run_dir_name
+from .runpaths import (
+    LAUNCHER_LOG,
+    MARKER,
+    RUN_NAME,
+    TWIN_OWNER,
+    RunPaths,
+    launcher_log,
+    run_dir_name,
+)
 
 RUNS_DIR_ENV = settings.RUNS_DIR.name
 KEEP_RUNS_ENV = settings.KEEP_RUNS.name
@@ -66,7 +75,9 @@ MIN_TMPFS_BYTES = 1 << 30
 
 _held: dict[Path, int] = {}
 """Run directory -> the descriptor of its marker, locked, for each live run of this process."""
-_held_lock = threading.Lock()
+_held_lock = threading.RLock()
+"""Reentrant: a dropped handle's finalizer may release its run from a garbage collection that
+starts inside one of these short blocks."""
 
 
 def storage_hint(folder: Path, code: int | None) -> str:
@@ -347,14 +358,22 @@ def _run_expired(run_dir: Path, st: os.stat_result) -> bool:
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
         except BlockingIOError:
             return False  # its caller holds the lock: live
         except OSError:  # no flock on this filesystem
-            return run_dir not in _held if ours else not _owner_alive(record)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return True
+            if (run_dir in _held) if ours else _owner_alive(record):
+                return False
+        return not _results_unread(run_dir, record, ours)
     finally:
         os.close(fd)
+
+
+def _results_unread(run_dir: Path, record: bytes, ours: bool) -> bool:
+    """A finished run lets go of its lock at once; results its caller (still running) has
+    not read yet keep the directory."""
+    unread = next(run_dir.glob(RunPaths.RESULT_GLOB), None) is not None
+    return unread and (ours or _owner_alive(record))
 
 
 def _owner_alive(record: bytes) -> bool:

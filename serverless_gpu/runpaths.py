@@ -41,6 +41,9 @@ def run_dir_name(when: str, function: str, run_id: str) -> str:
 class RunPaths:
     """Every file of one run. Picklable: it travels with the run to the launcher and ranks."""
 
+    RESULT_GLOB = "result_*.pkl"
+    """Every rank's result file, in the results twin or in the run directory."""
+
     run_dir: Path
     """The run's private directory (0700)."""
     results_dir: Path | None = None
@@ -107,5 +110,5 @@ class RunPaths:
     def bulk_files(self) -> list[Path]:
         """Files that may be large and are of no use once the call has ended: the payload and
         results in the run directory (with their partial ``.tmp`` twins)."""
-        found = [p for p in self.run_dir.glob("result_*.pkl*") if p.is_file()]
+        found = [p for p in self.run_dir.glob(f"{self.RESULT_GLOB}*") if p.is_file()]
         return [self.payload, *found]

@@ -1,6 +1,7 @@
 """``sweep(fn, items)``: run a function once per parameter set, at most so many at once.
 
-Every item is one run (``fn.map``); the runs share the node's devices through the launcher's
+Every item is one call of ``fn`` (with the decorator's ``max_retries``, a crashed trial is
+started again); the runs share the node's devices through the launcher's
 allocation and queue. A failing trial does not stop the others: its exception takes its place in
 the results. When the function is tracked and MLflow is installed, the sweep is one parent
 MLflow run and each trial a child run whose params are its arguments.
@@ -15,10 +16,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .completion import as_completed
-from .decorator import DistributedFunction
-from .errors import WaitTimeoutError
-from .handle import RunHandle
+from .decorator import DistributedFunction, say_retrying
+from .errors import CancelledError, WaitTimeoutError
+from .handle import RunHandle, check_timeout, deadline_of
 from .results import RunResult
+from .retries import Call, FailedAttempt, add_note, attempts_note, failed_attempt, retryable
 
 
 def sweep(
@@ -35,13 +37,15 @@ def sweep(
     trials not started yet get a :class:`WaitTimeoutError`."""
     if max_concurrent is not None and max_concurrent < 1:
         raise ValueError(f"max_concurrent must be at least 1, not {max_concurrent!r}")
+    check_timeout(timeout)
     items = list(items)
     limit = max_concurrent or len(items) or 1
-    handles: dict[int, RunHandle[Any]] = {}
+    trials = _Trials(fn, items, limit, deadline_of(timeout))
+    handles = trials.handles
     with _parent_run(fn) as parent:
         late: WaitTimeoutError | None = None
         try:
-            _run_all(fn, items, limit, handles, timeout)
+            trials.run()
         except WaitTimeoutError as exc:
             late = exc
         finally:
@@ -54,32 +58,69 @@ def sweep(
             _outcome(handles[i]) if i in handles else WaitTimeoutError(f"not started: {late}")
             for i in range(len(items))
         ]
+        trials.end_calls(outcomes)
         if parent is not None:
             _summarise(parent, outcomes)
     return outcomes
 
 
-def _run_all(
-    fn: DistributedFunction[..., Any],
-    items: list[Any],
-    limit: int,
-    handles: dict[int, RunHandle[Any]],
-    timeout: float | None,
-) -> None:
-    """Start trials in item order, never more than ``limit`` unfinished at once."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    following = iter(range(len(items)))
-    running: list[RunHandle[Any]] = []
-    for i in following:
-        if len(running) >= limit:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ended = next(as_completed(running, remaining))
-            running.remove(ended)
-        handles[i] = fn.start_trial(i, items[i])
-        running.append(handles[i])
-    remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-    for _ in as_completed(running, remaining):
-        pass
+class _Trials:
+    """The sweep's trials, started in item order, never more than ``limit`` unfinished at
+    once. Each item is one call: a failed attempt is started again as ``.distributed()``
+    would (the decorator's ``max_retries`` and ``retry_on``)."""
+
+    def __init__(
+        self,
+        fn: DistributedFunction[..., Any],
+        items: list[Any],
+        limit: int,
+        deadline: float | None,
+    ) -> None:
+        self.fn, self.items, self.limit, self.deadline = fn, items, limit, deadline
+        self.handles: dict[int, RunHandle[Any]] = {}
+        """The latest attempt of each item started."""
+        self.calls: dict[int, Call] = {}
+        self._failed: dict[int, list[FailedAttempt]] = {}
+        self._running: dict[RunHandle[Any], int] = {}
+
+    def run(self) -> None:
+        for i in range(len(self.items)):
+            while len(self._running) >= self.limit:
+                self._reap()
+            self._start(i)
+        while self._running:
+            self._reap()
+
+    def _start(self, i: int) -> None:
+        call = self.calls.setdefault(i, Call(max_retries=self.fn.config.max_retries))
+        handle = self.fn.start_trial(i, self.items[i], call)
+        self.handles[i] = handle
+        self._running[handle] = i
+
+    def _reap(self) -> None:
+        """Wait for one unfinished attempt to end; start the item again if its call may."""
+        remaining = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+        ended = next(as_completed(list(self._running), remaining))
+        i = self._running.pop(ended)
+        error = _outcome(ended)
+        if not isinstance(error, BaseException):
+            return
+        call, failed = self.calls[i], self._failed.setdefault(i, [])
+        failed.append(failed_attempt(call.attempt, error))
+        if call.attempt < call.max_retries and retryable(error, self.fn.config.retry_on):
+            call.attempt += 1
+            say_retrying(failed[-1], call)
+            self._start(i)
+        elif len(failed) > 1:
+            add_note(error, attempts_note(failed))
+
+    def end_calls(self, outcomes: list[RunResult[Any] | BaseException]) -> None:
+        for i, call in self.calls.items():
+            outcome = outcomes[i]
+            if isinstance(outcome, CancelledError):
+                call.end("cancelled")
+            else:
+                call.end("failed" if isinstance(outcome, BaseException) else "succeeded")
 
 
 def _outcome(handle: RunHandle[Any]) -> RunResult[Any] | BaseException:

@@ -160,10 +160,12 @@ class RunTracker:
         self._finish("KILLED", {records.ERROR_TAG: records.CALLER_EXITED})
 
     def _finish(self, status: str, tags: dict[str, str]) -> None:
-        if self.finished:
-            return
-        self.finished = True
+        # The run's end may be recorded by the finisher thread while the exit handler
+        # abandons what is left: whichever comes first is the run's status.
         with _open_lock:
+            if self.finished:
+                return
+            self.finished = True
             _open.discard(self)
         if self.writer is None:
             return

@@ -42,3 +42,30 @@ def test_sweep_is_a_parent_run_with_a_child_per_trial(
     first = outcomes[0]
     assert not isinstance(first, BaseException), first
     assert first.links["mlflow"].endswith(by_name["trial trial 0"].info.run_id)
+
+
+def crash_first_attempt(lr: float) -> float:
+    """Killed on attempt 0 (a crash: retried)."""
+    import os
+
+    from serverless_gpu import runtime
+
+    if runtime.attempt() == 0:
+        os._exit(3)
+    return lr
+
+
+def test_a_retried_trial_ends_every_run_it_opened(
+    embedded: MlflowClient, experiment_runs: Callable[[MlflowClient], list[Run]]
+) -> None:
+    fn = distributed(gpus=1, gpu_type="cpu", standby=False, max_retries=1, output="none")(
+        crash_first_attempt
+    )
+    outcomes = serverless_gpu.sweep(fn, [{"lr": 0.5}], timeout=120)
+    assert list(outcomes[0]) == [0.5]  # type: ignore[arg-type]
+    runs = experiment_runs(embedded)
+    statuses = sorted(r.info.status for r in runs)
+    # The sweep, the trial's call and its two attempts: none left RUNNING.
+    assert statuses == ["FAILED", "FINISHED", "FINISHED", "FINISHED"], [
+        (r.info.run_name, r.info.status) for r in runs
+    ]
