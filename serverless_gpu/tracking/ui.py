@@ -41,6 +41,9 @@ from . import private, store, ui_gate
 _START_TIMEOUT_S = 120.0
 _LOG_PREFIX = "mlflow-ui-"
 """``<runs root>/mlflow-ui-<pid>-<random>.log``: the server's output, one new file per start."""
+_SOCKET_PARENT_MAX = 60
+"""Bytes of the socket's parent path; with ``sgpu-mlflow-ui-XXXXXXXX/server.sock`` below it,
+the address stays within the 107 bytes a Unix socket's path may have."""
 _STOP_GRACE_S = 5.0
 _PROBE_TIMEOUT_S = 2.0
 
@@ -172,6 +175,14 @@ def _serves_store(address: str, uri: str) -> bool:
     return bool(ours) and key == {(e.experiment_id, e.name, e.creation_time or 0) for e in ours}
 
 
+def wait_served() -> None:
+    """Until the server this process started ends (``serve_ui``'s terminal waits on it)."""
+    with _lock:
+        server = _server
+    if server is not None:
+        server.proc.wait()
+
+
 def stop_ui() -> None:
     """Stop the server ``ui()`` started, if any (also done at exit)."""
     with _lock:
@@ -226,7 +237,7 @@ def _remove_if_empty(log: Path) -> None:
 
 def _spawn(uri: str, listener: socket.socket) -> _Server:
     port = listener.getsockname()[1]
-    folder = Path(tempfile.mkdtemp(prefix="sgpu-mlflow-ui-"))  # mode 0700, made for us alone
+    folder = Path(tempfile.mkdtemp(prefix="sgpu-mlflow-ui-", dir=_socket_parent()))  # 0700
     upstream = folder / "server.sock"
     env = dict(os.environ)
     # A viewer needs no background job runner (it would start a dozen more processes).
@@ -258,6 +269,12 @@ def _spawn(uri: str, listener: socket.socket) -> _Server:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     return _Server(uri, f"http://127.0.0.1:{port}", proc, log, folder)
+
+
+def _socket_parent() -> str:
+    """The temp folder, or /tmp where its path is too long for a Unix socket's address."""
+    parent = tempfile.gettempdir()
+    return parent if len(os.fsencode(parent)) <= _SOCKET_PARENT_MAX else "/tmp"
 
 
 def _new_log() -> tuple[Path, Any]:
