@@ -86,19 +86,31 @@ def _canonical(uri: str) -> str:
     return uri
 
 
+RUN_PAGE_QUERY = "?workflowType=machine_learning"
+"""MLflow 3's UI shows a run under "GenAI > Evaluations" unless the page asks for its
+"Model training" view; older UIs ignore the query."""
+
+
 def run_link(uri: str, experiment_id: str, run_id: str) -> str:
-    return f"{ui_address(uri)}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{ui_address(uri)}/#/experiments/{experiment_id}/runs/{run_id}{RUN_PAGE_QUERY}"
+
+
+def serve_commands(uri: str, run_id: str) -> tuple[str, str]:
+    """The shell commands that serve this store: ours (to this user alone, printing the run's
+    page) and MLflow's own (to every local user, on the store's stable port)."""
+    ours = f"python -m serverless_gpu.tracking.serve_ui {shlex.quote(uri)} {run_id}"
+    theirs = f"mlflow ui --backend-store-uri {shlex.quote(uri)} --port {ui_ports(uri)[0]}"
+    return ours, theirs
 
 
 def open_hint(uri: str, experiment_id: str, run_id: str) -> str:
     """The run and its store, with its page; for a store no web UI serves yet, how to serve it
-    from a terminal (MLflow's own command) or a notebook (``ui()``) at that page's address."""
+    from a terminal or a notebook (``ui()``) at that page's address."""
     page = run_link(uri, experiment_id, run_id)
     if ui_served(uri):
         return f"run {run_id} in {uri}: {page}"
-    port = urlparse(page).port
+    ours, theirs = serve_commands(uri, run_id)
     return (
-        f"run {run_id} in {uri}; to see it, run `mlflow ui --backend-store-uri "
-        f"{shlex.quote(uri)} --port {port}` and open {page} (in Python: "
-        f"serverless_gpu.tracking.ui())"
+        f"run {run_id} in {uri}; to see it, run `{ours}` (for you alone; or `{theirs}`, "
+        f"open to every local user) and open {page} (in Python: serverless_gpu.tracking.ui())"
     )
