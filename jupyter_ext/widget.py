@@ -115,6 +115,8 @@ class WidgetRenderer:
         self._mlflow_thread: threading.Thread | None = None
         self._mlflow_pending = ""
         """Why the MLflow link cannot be opened yet (the UI starts or failed); empty: it can."""
+        self._button_display: DisplayHandle | None = None
+        """The MLflow button kept under the record of a run whose UI did not start."""
         self.rank_status = widgets.HTML(html_view.rank_status_html(view))
         self.merged = LogPane("all", html_view.merged_lines_html(view))
         self.outputs = [
@@ -131,7 +133,7 @@ class WidgetRenderer:
             ],
             titles=(ALL_RANKS, *(html_view.tab_title(r) for r in view.ranks)),
         )
-        top = widgets.HBox(
+        self._top = top = widgets.HBox(
             [
                 self.header,
                 self.mlflow_button,
@@ -229,7 +231,17 @@ class WidgetRenderer:
             button.layout.display = "none"
         self._publish_record()
         if self._display is not None:
+            self._keep_mlflow_button()
             _close(self.widget)  # replaced by the record: its models are shown nowhere now
+
+    def _keep_mlflow_button(self) -> None:
+        """A UI that did not start keeps its button under the record while the kernel lives:
+        pressed, it starts the UI and the record links the run."""
+        if self.mlflow_button.layout.display == "none":
+            return
+        self._top.children = tuple(c for c in self._top.children if c is not self.mlflow_button)
+        self.mlflow_button.description = "Start MLflow UI"
+        self._button_display = display(self.mlflow_button, display_id=True)
 
     def _publish_record(self) -> None:
         self.record = html_view.record_html(self.view, pending=self._pending_links())
@@ -316,16 +328,24 @@ class WidgetRenderer:
             self._mlflow_pending = "the MLflow UI did not start"
             self.mlflow_button.description = "Retry MLflow UI"
             self.mlflow_button.tooltip = f"{type(exc).__name__}: {exc}"
-            self.mlflow_button.layout.display = None if not self.view.done else "none"
+            kept = not self.view.done or self._button_display is not None
+            self.mlflow_button.layout.display = None if kept else "none"
         else:
             # The UI may have had to take another port than the one the link names.
             page = f"{address}/#{urlsplit(self.view.links['mlflow']).fragment}"
             self.view.links["mlflow"] = page
             self._mlflow_pending = ""
+            self._drop_kept_button()
         if self.view.done:
             self._publish_record()  # a run that ended while the UI started: its record links it
         else:
             self._draw_header()
+
+    def _drop_kept_button(self) -> None:
+        if self._button_display is not None:
+            self._button_display.update({"text/plain": ""}, raw=True)
+            self._button_display = None
+            self.mlflow_button.close()
 
     def text(self) -> str:
         return snapshot_text(self.view)

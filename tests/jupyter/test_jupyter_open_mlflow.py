@@ -12,6 +12,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
 from nbclient import NotebookClient
 
 from jupyter_ext import html_view
@@ -165,3 +166,38 @@ def test_the_text_record_says_how_to_serve_the_store_when_no_ui_does(tmp_path: P
     assert f"MLflow run abc in {uri}; to see it, run `python -m serverless_gpu" in text
     assert f"mlflow ui --backend-store-uri {uri} --port {store.ui_ports(uri)[0]}" in text
     assert "/#/experiments/0/runs/abc?workflowType=machine_learning" in text
+
+
+def test_a_run_whose_ui_did_not_start_keeps_a_button_under_its_record_that_starts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shell: InteractiveShell
+) -> None:
+    blocker = tmp_path / "store"
+    blocker.write_text("")  # a file where the store's folder goes: the UI cannot start
+    uri = f"sqlite:///{blocker}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    renderer = WidgetRenderer(_tracked_context(tmp_path, uri), shell)  # shown, as in a notebook
+    renderer.set_phase("launcher")
+    try:
+        thread = renderer._mlflow_thread
+        assert thread is not None
+        thread.join(_START_BOUND_S)
+        renderer(RunFinished("r1", RunStatus.SUCCEEDED, None, "", (), 1.0))
+        assert "the MLflow UI did not start" in renderer.record
+        assert "python -m serverless_gpu.tracking.serve_ui" in renderer.record
+        button = renderer.mlflow_button
+        assert renderer._button_display is not None and button.layout.display is None
+        assert button.description == "Start MLflow UI"
+        blocker.unlink()
+        blocker.mkdir()  # the store's folder is there now
+        button.click()
+        thread = renderer._mlflow_thread
+        assert thread is not None
+        thread.join(_START_BOUND_S)
+        assert not thread.is_alive()
+        [link] = _MLFLOW_LINK.findall(renderer.record)
+        assert link.startswith(f"{store.ui_address(uri)}/#/experiments/0/runs/abc")
+        assert _status(f"{store.ui_address(uri)}/health") == 200
+        assert renderer._button_display is None  # the button made way for the link
+    finally:
+        stop_ui()
