@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlparse
 
+from . import ui_gate
 from .settings import PROBE_TIMEOUT_S
 
 _ui_addresses: dict[str, str] = {}
@@ -40,10 +41,21 @@ def reachable(uri: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
 
 def ui_address(uri: str) -> str:
     """The web UI showing this store: the server itself, the one ``ui()`` started or found, or
-    else where ``ui()`` will serve it (its stable port), so a link made now works later."""
+    else where ``ui()`` will serve it (its stable port, unless another user holds that), so a
+    link made now works later."""
     if is_http(uri):
         return uri.rstrip("/")
-    return _ui_addresses.get(uri) or f"http://127.0.0.1:{ui_ports(uri)[0]}"
+    return _ui_addresses.get(uri) or f"http://127.0.0.1:{_unclaimed_port(uri)}"
+
+
+def _unclaimed_port(uri: str) -> int:
+    """The store's first port that no other user's process listens on: a link never leads
+    the user to a page someone else serves."""
+    ports = ui_ports(uri)
+    for port in ports:
+        if ui_gate.listener_uid(port) in (None, os.getuid()):
+            return port
+    return ports[0]
 
 
 def ui_served(uri: str) -> bool:

@@ -154,6 +154,9 @@ def test_a_port_another_user_holds_is_never_linked(
     try:
         assert squatter.stdout is not None
         assert squatter.stdout.readline().strip() == "listening"
+        # Before any UI: neither the run's link nor the printed hint names the squatted port.
+        assert f":{first}/" not in store.run_link(uri, "0", "abc")
+        assert f":{first}/" not in store.open_hint(uri, "0", "abc")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             address = ui(wait=False)
