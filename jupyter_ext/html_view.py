@@ -58,14 +58,19 @@ def badge(text: str, state: str) -> str:
 
 def _links(view: RunView, pending: dict[str, str] | None = None) -> str:
     """Each link; one named in ``pending`` is that text instead, not a link that cannot open."""
-    return " ".join(
-        f'<span class="sgpu-link-pending" data-link="{html.escape(name)}" style="{_MUTED}">'
-        f"{html.escape(LINK_TITLES.get(name, name))}: {html.escape(pending[name])}</span>"
-        if pending and name in pending
-        else f'<a class="sgpu-link" data-link="{html.escape(name)}" href="{html.escape(url)}" '
-        f'target="_blank" rel="noopener" style="color:#1f6feb;text-decoration:underline">'
-        f"{html.escape(LINK_TITLES.get(name, name))} &#8599;</a>"
-        for name, url in view.links.items()
+    return " ".join(_link(name, url, (pending or {}).get(name)) for name, url in view.links.items())
+
+
+def _link(name: str, url: str, pending: str | None) -> str:
+    title, key = html.escape(LINK_TITLES.get(name, name)), html.escape(name)
+    if pending:
+        return (
+            f'<span class="sgpu-link-pending" data-link="{key}" style="{_MUTED}">'
+            f"{title}: {html.escape(pending)}</span>"
+        )
+    return (
+        f'<a class="sgpu-link" data-link="{key}" href="{html.escape(url)}" target="_blank" '
+        f'rel="noopener" style="color:#1f6feb;text-decoration:underline">{title} &#8599;</a>'
     )
 
 
