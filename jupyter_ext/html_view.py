@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 
 from serverless_gpu.events import RankState, RunStatus
+from serverless_gpu.tracking import store
 
 from .ansi import ansi_to_html, strip_ansi
 from .formatting import (
@@ -55,26 +56,43 @@ def badge(text: str, state: str) -> str:
     )
 
 
-def _links(view: RunView) -> str:
-    return " ".join(
-        f'<a href="{html.escape(url)}" target="_blank" rel="noopener" '
-        f'style="color:#1f6feb;text-decoration:underline">'
-        f"{html.escape(LINK_TITLES.get(name, name))} &#8599;</a>"
-        for name, url in view.links.items()
-    )
+def _links(view: RunView, pending: dict[str, str] | None = None) -> str:
+    """Each link; one named in ``pending`` is that text instead, not a link that cannot open."""
+    return " ".join(_link(name, url, (pending or {}).get(name)) for name, url in view.links.items())
 
 
-def open_link_html(url: str) -> str:
-    """The "Open in MLflow" button's result: the run's page, once a UI serves it."""
+def _link(name: str, url: str, pending: str | None) -> str:
+    title, key = html.escape(LINK_TITLES.get(name, name)), html.escape(name)
+    if pending:
+        return (
+            f'<span class="sgpu-link-pending" data-link="{key}" style="{_MUTED}">'
+            f"{title}: {html.escape(pending)}</span>"
+        )
     return (
-        f'<a class="sgpu-open-mlflow" href="{html.escape(url)}" target="_blank" rel="noopener" '
-        f'style="color:#1f6feb;text-decoration:underline;margin-right:8px">'
-        f"Open run in MLflow &#8599;</a>"
+        f'<a class="sgpu-link" data-link="{key}" href="{html.escape(url)}" target="_blank" '
+        f'rel="noopener" style="color:#1f6feb;text-decoration:underline">{title} &#8599;</a>'
     )
 
 
-def header_html(view: RunView, now: float | None = None, note: str = "") -> str:
-    """Name, hardware, status, clock and links; rank counts and progress; the log folder."""
+def mlflow_hint_html(view: RunView) -> str:
+    """How to open the run when no UI serves its store (a saved notebook, a later kernel)."""
+    uri, run_id = view.metadata.get("mlflow_tracking_uri"), view.metadata.get("mlflow_run_id")
+    if "mlflow" not in view.links or not uri or not run_id or store.is_http(str(uri)):
+        return ""
+    ours, theirs = store.serve_commands(str(uri), str(run_id))
+    return (
+        f'<div class="sgpu-mlflow-hint" style="{_MUTED}">If the MLflow link does not open, '
+        f"no UI serves the store now: run <code>{html.escape(ours)}</code> in a terminal (it "
+        f"prints the run's page; <code>{html.escape(theirs)}</code> works too, open to every "
+        f"local user), or <code>serverless_gpu.tracking.ui()</code> in the notebook.</div>"
+    )
+
+
+def header_html(
+    view: RunView, now: float | None = None, note: str = "", pending: dict[str, str] | None = None
+) -> str:
+    """Name, hardware, status, clock and links (``pending``: those not openable yet, with what
+    they wait for); rank counts and progress; the log folder."""
     status = "cancelling" if note == "cancelling" else status_words(view)
     parts = [
         f"<b>{html.escape(view.name)}</b>",
@@ -83,7 +101,7 @@ def header_html(view: RunView, now: float | None = None, note: str = "") -> str:
         f'<span class="sgpu-elapsed">{seconds(view.elapsed(now))}</span>',
     ]
     if view.links:
-        parts.append(_links(view))
+        parts.append(_links(view, pending))
     second = [html.escape(rank_counts(view))]
     metrics = metrics_text(view.metrics)
     if metrics:
@@ -147,7 +165,9 @@ def tab_title(rank: RankView) -> str:
     return f"rank {rank_label(rank)} \u00b7 {rank.state}"
 
 
-def record_html(view: RunView, tail: int = RECORD_TAIL) -> str:
+def record_html(
+    view: RunView, tail: int = RECORD_TAIL, pending: dict[str, str] | None = None
+) -> str:
     """The finished run as static HTML: header, per-rank table, each rank's last lines."""
     cell = '<td style="text-align:left;padding:1px 12px 1px 0;vertical-align:top">'
     head = "".join(
@@ -159,7 +179,7 @@ def record_html(view: RunView, tail: int = RECORD_TAIL) -> str:
         f"{cell}{_code(outcome)}</td>{cell}{_code(_last(r))}</td></tr>"
         for r, (rank, state, duration, outcome) in zip(view.ranks, summary_rows(view), strict=True)
     )
-    links = f" &middot; {_links(view)}" if view.links else ""
+    links = f" &middot; {_links(view, pending)}" if view.links else ""
     logs = html.escape(str(view.paths.logs))
     return (
         '<div class="sgpu-record" style="line-height:1.6">'
@@ -168,7 +188,9 @@ def record_html(view: RunView, tail: int = RECORD_TAIL) -> str:
         f'<div class="sgpu-summary">{html.escape(final_line(view))}</div>'
         f'<table style="border-collapse:collapse;font-size:90%"><tr>{head}</tr>{rows}</table>'
         + "".join(_rank_tail(view, rank, tail) for rank in view.ranks)
-        + f'<div style="{_MUTED}">full logs: <code>{logs}</code></div></div>'
+        + f'<div style="{_MUTED}">full logs: <code>{logs}</code></div>'
+        + mlflow_hint_html(view)
+        + "</div>"
     )
 
 

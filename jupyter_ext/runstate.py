@@ -119,6 +119,8 @@ class RunView:
         self.paths = ctx.paths
         self.run_dir: Path = ctx.run_dir
         self.links = ctx.links
+        self.metadata = ctx.metadata
+        """Shared with the run: tracking adds its store and run ids (the record's how-to-open)."""
         self.started = time.time()
         """When the view was made: renderers are made as the call starts, so the clock counts
         from the call, not from the ranks' start."""

@@ -22,6 +22,7 @@ from serverless_gpu.events import (
 )
 from serverless_gpu.hangs import warning_text
 from serverless_gpu.hooks import RunContext
+from serverless_gpu.tracking import store
 
 from .formatting import hardware_label, links_text, summary_text
 from .runstate import RunView
@@ -60,7 +61,7 @@ class TextRenderer:
             detail = self.view.ranks[event.rank].detail
             self._write(f"serverless_gpu: rank {event.rank} failed ({detail})\n")
         elif isinstance(event, RunFinished):
-            self._write(summary_text(self.view) + "\n")
+            self._write(summary_text(self.view) + "\n" + self._mlflow_hint())
 
     def show_results(self, descriptions: list[str]) -> None:
         self.view.set_results(descriptions)
@@ -70,6 +71,19 @@ class TextRenderer:
     def abandon(self, message: str) -> None:
         self.view.failed_to_start(message)
         self._write(summary_text(self.view) + "\n")
+
+    def _mlflow_hint(self) -> str:
+        """The run's MLflow page, and how to serve the store when no UI does (the record is read
+        later, when the UI that served it may be gone)."""
+        meta = self.view.metadata
+        uri, run, experiment = (
+            meta.get("mlflow_tracking_uri"),
+            meta.get("mlflow_run_id"),
+            meta.get("mlflow_experiment_id"),
+        )
+        if "mlflow" not in self.view.links or not (uri and run and experiment):
+            return ""
+        return f"  MLflow {store.open_hint(str(uri), str(experiment), str(run))}\n"
 
     def _header(self) -> str:
         view = self.view

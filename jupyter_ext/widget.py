@@ -105,15 +105,18 @@ class WidgetRenderer:
         self.warning = widgets.HTML("")
         """The silent-ranks warning (hang detection); empty while every rank shows life."""
         self.mlflow_button = widgets.Button(
-            description="Open in MLflow",
+            description="Start MLflow UI",
             icon="external-link",
             tooltip="Start the MLflow UI for this run's store (in the background) and link the run",
-            layout=widgets.Layout(display="none"),
+            layout=widgets.Layout(display="none", width="auto"),
         )
+        """Shown only when the UI, started as the run's link appears, did not come up."""
         self.mlflow_button.on_click(self._on_open_mlflow)
-        self.mlflow_open = widgets.HTML("")
-        """The run's page, linked once the MLflow UI answers."""
         self._mlflow_thread: threading.Thread | None = None
+        self._mlflow_pending = ""
+        """Why the MLflow link cannot be opened yet (the UI starts or failed); empty: it can."""
+        self._button_display: DisplayHandle | None = None
+        """The MLflow button kept under the record of a run whose UI did not start."""
         self.rank_status = widgets.HTML(html_view.rank_status_html(view))
         self.merged = LogPane("all", html_view.merged_lines_html(view))
         self.outputs = [
@@ -130,10 +133,9 @@ class WidgetRenderer:
             ],
             titles=(ALL_RANKS, *(html_view.tab_title(r) for r in view.ranks)),
         )
-        top = widgets.HBox(
+        self._top = top = widgets.HBox(
             [
                 self.header,
-                self.mlflow_open,
                 self.mlflow_button,
                 self.stacks_button,
                 self.cancel_button,
@@ -190,10 +192,18 @@ class WidgetRenderer:
 
     def _draw_header(self) -> None:
         self._last_header = time.monotonic()
-        self.header.value = html_view.header_html(self.view, note=self._note)
-        shown = None if "mlflow" in self.view.links and not self.mlflow_open.value else "none"
-        if self.mlflow_button.layout.display != shown:
-            self.mlflow_button.layout.display = shown
+        if self._mlflow_thread is None and self._tracked():
+            self._start_mlflow_ui()
+        self.header.value = html_view.header_html(
+            self.view, note=self._note, pending=self._pending_links()
+        )
+
+    def _tracked(self) -> bool:
+        """Whether tracking made this run's MLflow link (and says in which store)."""
+        return "mlflow" in self.view.links and "mlflow_tracking_uri" in self.view.metadata
+
+    def _pending_links(self) -> dict[str, str] | None:
+        return {"mlflow": self._mlflow_pending} if self._mlflow_pending else None
 
     def _draw(self) -> None:
         self._last_draw = time.monotonic()
@@ -221,10 +231,20 @@ class WidgetRenderer:
             button.layout.display = "none"
         self._publish_record()
         if self._display is not None:
+            self._keep_mlflow_button()
             _close(self.widget)  # replaced by the record: its models are shown nowhere now
 
+    def _keep_mlflow_button(self) -> None:
+        """A UI that did not start keeps its button under the record while the kernel lives:
+        pressed, it starts the UI and the record links the run."""
+        if self.mlflow_button.layout.display == "none":
+            return
+        self._top.children = tuple(c for c in self._top.children if c is not self.mlflow_button)
+        self.mlflow_button.description = "Start MLflow UI"
+        self._button_display = display(self.mlflow_button, display_id=True)
+
     def _publish_record(self) -> None:
-        self.record = html_view.record_html(self.view)
+        self.record = html_view.record_html(self.view, pending=self._pending_links())
         if self._display is not None:
             bundle = {"text/html": self.record, "text/plain": self.text()}
             self._display.update(bundle, raw=True)
@@ -284,13 +304,18 @@ class WidgetRenderer:
             box.value = stacks_view.stacks_html(rank, found.get(rank), taken)
 
     def _on_open_mlflow(self, _button: widgets.Button) -> None:
-        """Start the MLflow UI on its own thread (it takes seconds): the kernel stays free."""
-        if self._mlflow_thread is not None and self._mlflow_thread.is_alive():
-            return
-        self.mlflow_button.disabled = True
-        self.mlflow_button.description = "Starting MLflow..."
+        """The retry of a UI that did not start."""
+        if self._mlflow_thread is None or not self._mlflow_thread.is_alive():
+            self._start_mlflow_ui()
+            self._draw_header()
+
+    def _start_mlflow_ui(self) -> None:
+        """Start the MLflow UI on its own thread (it takes seconds) as soon as the run has its
+        MLflow link: the link opens by the time anyone clicks it, and the kernel stays free."""
+        self._mlflow_pending = "starting the MLflow UI..."
+        self.mlflow_button.layout.display = "none"
         self._mlflow_thread = threading.Thread(
-            target=self._serve_mlflow, name="serverless-gpu-open-mlflow", daemon=True
+            target=self._serve_mlflow, name="serverless-gpu-mlflow-ui", daemon=True
         )
         self._mlflow_thread.start()
 
@@ -299,16 +324,28 @@ class WidgetRenderer:
 
         try:
             address = ui()
-        except Exception as exc:  # shown on the button; the run goes on
-            self.mlflow_button.description = "MLflow UI failed"
+        except Exception as exc:  # said in the header and on the button; the run goes on
+            self._mlflow_pending = "the MLflow UI did not start"
+            self.mlflow_button.description = "Retry MLflow UI"
             self.mlflow_button.tooltip = f"{type(exc).__name__}: {exc}"
-            self.mlflow_button.disabled = False
-            return
-        # The UI may have had to take another port than the one the link names.
-        page = f"{address}/#{urlsplit(self.view.links['mlflow']).fragment}"
-        self.view.links["mlflow"] = page
-        self.mlflow_open.value = html_view.open_link_html(page)
-        self.mlflow_button.layout.display = "none"
+            kept = not self.view.done or self._button_display is not None
+            self.mlflow_button.layout.display = None if kept else "none"
+        else:
+            # The UI may have had to take another port than the one the link names.
+            page = f"{address}/#{urlsplit(self.view.links['mlflow']).fragment}"
+            self.view.links["mlflow"] = page
+            self._mlflow_pending = ""
+            self._drop_kept_button()
+        if self.view.done:
+            self._publish_record()  # a run that ended while the UI started: its record links it
+        else:
+            self._draw_header()
+
+    def _drop_kept_button(self) -> None:
+        if self._button_display is not None:
+            self._button_display.update({"text/plain": ""}, raw=True)
+            self._button_display = None
+            self.mlflow_button.close()
 
     def text(self) -> str:
         return snapshot_text(self.view)

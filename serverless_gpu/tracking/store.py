@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlparse
 
+from . import ui_gate
 from .settings import PROBE_TIMEOUT_S
 
 _ui_addresses: dict[str, str] = {}
@@ -40,10 +41,21 @@ def reachable(uri: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
 
 def ui_address(uri: str) -> str:
     """The web UI showing this store: the server itself, the one ``ui()`` started or found, or
-    else where ``ui()`` will serve it (its stable port), so a link made now works later."""
+    else where ``ui()`` will serve it (its stable port, unless another user holds that), so a
+    link made now works later."""
     if is_http(uri):
         return uri.rstrip("/")
-    return _ui_addresses.get(uri) or f"http://127.0.0.1:{ui_ports(uri)[0]}"
+    return _ui_addresses.get(uri) or f"http://127.0.0.1:{_unclaimed_port(uri)}"
+
+
+def _unclaimed_port(uri: str) -> int:
+    """The store's first port that no other user's process listens on: a link never leads
+    the user to a page someone else serves."""
+    ports = ui_ports(uri)
+    for port in ports:
+        if ui_gate.listener_uid(port) in (None, os.getuid()):
+            return port
+    return ports[0]
 
 
 def ui_served(uri: str) -> bool:
@@ -86,19 +98,31 @@ def _canonical(uri: str) -> str:
     return uri
 
 
+RUN_PAGE_QUERY = "?workflowType=machine_learning"
+"""MLflow 3's UI shows a run under "GenAI > Evaluations" unless the page asks for its
+"Model training" view; older UIs ignore the query."""
+
+
 def run_link(uri: str, experiment_id: str, run_id: str) -> str:
-    return f"{ui_address(uri)}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{ui_address(uri)}/#/experiments/{experiment_id}/runs/{run_id}{RUN_PAGE_QUERY}"
+
+
+def serve_commands(uri: str, run_id: str) -> tuple[str, str]:
+    """The shell commands that serve this store: ours (to this user alone, printing the run's
+    page) and MLflow's own (to every local user, on the store's stable port)."""
+    ours = f"python -m serverless_gpu.tracking.serve_ui {shlex.quote(uri)} {run_id}"
+    theirs = f"mlflow ui --backend-store-uri {shlex.quote(uri)} --port {ui_ports(uri)[0]}"
+    return ours, theirs
 
 
 def open_hint(uri: str, experiment_id: str, run_id: str) -> str:
     """The run and its store, with its page; for a store no web UI serves yet, how to serve it
-    from a terminal (MLflow's own command) or a notebook (``ui()``) at that page's address."""
+    from a terminal or a notebook (``ui()``) at that page's address."""
     page = run_link(uri, experiment_id, run_id)
     if ui_served(uri):
         return f"run {run_id} in {uri}: {page}"
-    port = urlparse(page).port
+    ours, theirs = serve_commands(uri, run_id)
     return (
-        f"run {run_id} in {uri}; to see it, run `mlflow ui --backend-store-uri "
-        f"{shlex.quote(uri)} --port {port}` and open {page} (in Python: "
-        f"serverless_gpu.tracking.ui())"
+        f"run {run_id} in {uri}; to see it, run `{ours}` (for you alone; or `{theirs}`, "
+        f"open to every local user) and open {page} (in Python: serverless_gpu.tracking.ui())"
     )

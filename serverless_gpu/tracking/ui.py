@@ -1,8 +1,15 @@
-"""``ui()``: the MLflow web UI for the embedded store, served from this process's machine.
+"""``ui()``: the MLflow web UI for the embedded store, served from this process's machine to
+this user alone.
 
 The server runs under a small guard process (:mod:`.ui_guard`) in its own session: it is
 stopped at exit, and the guard tears the whole group down (uvicorn workers included) when this
 process dies in any way, even SIGKILL, because the pipe it watches then reads end-of-file.
+
+The store is private (mode 0600), so its UI must be too: the MLflow server listens on a Unix
+socket in a private folder, and the port on 127.0.0.1 is kept by the guard's gate
+(:mod:`.ui_gate`), which relays only connections of the user who started it. This process binds
+that port itself before the server starts (so nobody can take it in between), and a port it
+finds taken is used only when this user's own process listens there and serves this store.
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import secrets
+import shutil
 import signal
 import socket
 import stat
@@ -22,24 +31,33 @@ import urllib.error
 import urllib.request
 import warnings
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-from . import private, store
+from .. import rundirs
+from . import private, store, ui_gate
 
 _START_TIMEOUT_S = 120.0
-_LOG_PREFIX = "serverless-gpu-mlflow-ui-"
-"""``<tmp>/serverless-gpu-mlflow-ui-<pid>.log``: the server's output, one file per process."""
+_LOG_PREFIX = "mlflow-ui-"
+"""``<runs root>/mlflow-ui-<pid>-<random>.log``: the server's output, one new file per start."""
+_SOCKET_PARENT_MAX = 60
+"""Bytes of the socket's parent path; with ``sgpu-mlflow-ui-XXXXXXXX/server.sock`` below it,
+the address stays within the 107 bytes a Unix socket's path may have."""
 _STOP_GRACE_S = 5.0
 _PROBE_TIMEOUT_S = 2.0
 
 
 class _Server:
-    def __init__(self, uri: str, address: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    def __init__(
+        self, uri: str, address: str, proc: subprocess.Popen[bytes], log: Path, folder: Path
+    ) -> None:
         self.uri = uri
         self.address = address
         self.proc = proc
         self.log = log
+        self.folder = folder
+        """The private folder of the server's Unix socket."""
 
 
 _server: _Server | None = None
@@ -82,21 +100,29 @@ def _serve_locked(uri: str, port: int | None) -> tuple[str, _Server | None]:
     ports = [port] if port else store.ui_ports(uri)
     for candidate in ports:
         address = f"http://127.0.0.1:{candidate}"
-        if _port_free(candidate):
-            _server = _spawn(uri, candidate)
+        listener = _bind(candidate)
+        if listener is not None:
+            with listener:
+                _server = _spawn(uri, listener)
             store.set_ui_address(uri, address)
             return address, _server
-        if _serves_store(address, uri):
+        owner = ui_gate.listener_uid(candidate)
+        if owner == os.getuid() and _serves_store(address, uri):
             store.set_ui_address(uri, address)
             return address, None
         if candidate != ports[-1]:
             warnings.warn(
-                f"serverless_gpu: port {candidate} is taken by something other than an MLflow "
-                f"UI of {uri}; trying the next one (run links made before name port "
-                f"{ports[0]})",
+                f"serverless_gpu: port {candidate} is taken by {_holder(owner, uri)}; trying "
+                f"the next one (run links made before name port {ports[0]})",
                 stacklevel=3,
             )
     raise RuntimeError(f"no free port for the MLflow UI of {uri}: tried {ports}")
+
+
+def _holder(owner: int | None, uri: str) -> str:
+    if owner is not None and owner != os.getuid():
+        return f"another user's process (user id {owner}): no link will name it"
+    return f"something other than an MLflow UI of {uri}"
 
 
 def _await(server: _Server) -> None:
@@ -119,15 +145,18 @@ def _await_quietly(server: _Server) -> None:
         pass
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        # As the server binds: a port left in TIME_WAIT by a stopped UI counts as free.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+def _bind(port: int) -> socket.socket | None:
+    """A listening socket on 127.0.0.1:``port``, or None where something holds the port."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # As the server binds: a port left in TIME_WAIT by a stopped UI counts as free.
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(("127.0.0.1", port))
+        listener.listen(64)
+    except OSError:
+        listener.close()
+        return None
+    return listener
 
 
 def _serves_store(address: str, uri: str) -> bool:
@@ -144,6 +173,14 @@ def _serves_store(address: str, uri: str) -> bool:
         return False
     key = {(e["experiment_id"], e["name"], int(e.get("creation_time", 0))) for e in served}
     return bool(ours) and key == {(e.experiment_id, e.name, e.creation_time or 0) for e in ours}
+
+
+def wait_served() -> None:
+    """Until the server this process started ends (``serve_ui``'s terminal waits on it)."""
+    with _lock:
+        server = _server
+    if server is not None:
+        server.proc.wait()
 
 
 def stop_ui() -> None:
@@ -172,13 +209,14 @@ def _terminate(server: _Server) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     server.proc.wait()
+    shutil.rmtree(server.folder, ignore_errors=True)  # the guard's own cleanup, if it was killed
     _remove_if_empty(server.log)
 
 
 def _prune_logs(folder: Path) -> None:
     """The UI logs of processes that are gone (ours only; a live process's log stays)."""
     for path in folder.glob(f"{_LOG_PREFIX}*.log"):
-        pid = path.name.removeprefix(_LOG_PREFIX).removesuffix(".log")
+        pid = path.name.removeprefix(_LOG_PREFIX).split("-", 1)[0]
         try:
             info = path.lstat()
             if not pid.isdigit() or info.st_uid != os.getuid() or not stat.S_ISREG(info.st_mode):
@@ -197,34 +235,55 @@ def _remove_if_empty(log: Path) -> None:
         pass
 
 
-def _spawn(uri: str, port: int) -> _Server:
-    address = f"http://127.0.0.1:{port}"
-    log = Path(tempfile.gettempdir()) / f"{_LOG_PREFIX}{os.getpid()}.log"
-    _prune_logs(log.parent)
+def _spawn(uri: str, listener: socket.socket) -> _Server:
+    port = listener.getsockname()[1]
+    folder = Path(tempfile.mkdtemp(prefix="sgpu-mlflow-ui-", dir=_socket_parent()))  # 0700
+    upstream = folder / "server.sock"
     env = dict(os.environ)
     # A viewer needs no background job runner (it would start a dozen more processes).
     env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
     command = [
-        sys.executable, "-m", "serverless_gpu.tracking.ui_guard", "--",
+        sys.executable, "-m", "serverless_gpu.tracking.ui_guard",
+        "--gate", str(listener.fileno()), str(upstream), "--",
         sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
         # Experiments the server creates (the default one, in a new store) keep their artifacts
         # where this process's own MLflow client puts them: with the server's proxied
         # "mlflow-artifacts:" default, runs logged from here could not store a single file.
         "--default-artifact-root", private.client_artifact_root(),
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--uvicorn-opts", f"--uds {upstream}",
     ]  # fmt: skip
-    with open(
-        os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "ab"
-    ) as out:
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # a Ctrl-C meant for the notebook does not reach it
-        )
-    return _Server(uri, address, proc, log)
+    try:
+        log, out = _new_log()
+        with out:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                pass_fds=(listener.fileno(),),
+                start_new_session=True,  # a Ctrl-C meant for the notebook does not reach it
+            )
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return _Server(uri, f"http://127.0.0.1:{port}", proc, log, folder)
+
+
+def _socket_parent() -> str:
+    """The temp folder, or /tmp where its path is too long for a Unix socket's address."""
+    parent = tempfile.gettempdir()
+    return parent if len(os.fsencode(parent)) <= _SOCKET_PARENT_MAX else "/tmp"
+
+
+def _new_log() -> tuple[Path, Any]:
+    """A new log file of ours in the private runs root (never one someone else prepared)."""
+    root = rundirs.runs_root()
+    _prune_logs(root)
+    log = root / f"{_LOG_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.log"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return log, open(os.open(log, flags, 0o600), "ab")
 
 
 def _wait_until_up(server: _Server) -> None:

@@ -50,7 +50,9 @@ def test_one_run_per_call_with_everything_recorded(
     port = store.ui_ports(uri)[0]
     assert f"mlflow ui --backend-store-uri {uri} --port {port}" in out
     # The run's link names where a UI for this store will serve, before any does.
-    page = f"http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs/{run_id}"
+    page = (
+        f"http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs/{run_id}{store.RUN_PAGE_QUERY}"
+    )
     assert page in out
     assert first.links["mlflow"] == page
 

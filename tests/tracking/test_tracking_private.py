@@ -7,7 +7,6 @@ import os
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,21 +39,21 @@ def test_a_store_tracking_creates_and_the_logs_it_uploads_are_private(
 def test_ui_logs_of_gone_processes_are_pruned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    logs = tmp_path / "tmp"
-    logs.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(logs))
+    logs = tmp_path / "runs"  # the private runs root holds them
+    monkeypatch.setenv("SERVERLESS_GPU_RUNS_DIR", str(logs))
+    logs.mkdir(mode=0o700)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
                           capture_output=True, text=True)  # fmt: skip
-    stale = logs / f"serverless-gpu-mlflow-ui-{int(gone.stdout)}.log"
-    live = logs / f"serverless-gpu-mlflow-ui-{os.getppid()}.log"
-    other = logs / "serverless-gpu-mlflow-ui-notes.log"
+    stale = logs / f"mlflow-ui-{int(gone.stdout)}-0a1b2c3d.log"
+    live = logs / f"mlflow-ui-{os.getppid()}-0a1b2c3d.log"
+    other = logs / "mlflow-ui-notes.log"
     for path in (stale, live, other):
         path.write_text("x\n")
     ui()
     try:
         assert not stale.exists()
         assert live.exists() and other.exists()
-        own = logs / f"serverless-gpu-mlflow-ui-{os.getpid()}.log"
+        [own] = logs.glob(f"mlflow-ui-{os.getpid()}-*.log")
         assert _mode(own) == 0o600
     finally:
         stop_ui()

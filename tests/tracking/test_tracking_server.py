@@ -17,7 +17,7 @@ from mlflow.entities import Run
 from tracking_checks import Server, check_run_contents, http_status
 
 from serverless_gpu import distributed
-from serverless_gpu.tracking import TrackingWarning
+from serverless_gpu.tracking import TrackingWarning, store
 
 RunsOf = Callable[[MlflowClient], list[Run]]
 
@@ -45,7 +45,8 @@ def test_runs_on_a_tracking_server_with_a_link_that_answers(
         assert notes == {"notes/note_0.txt", "notes/note_1.txt"}
         link = result.links["mlflow"]
         experiment = run.info.experiment_id
-        assert link == f"{mlflow_server.url}/#/experiments/{experiment}/runs/{run.info.run_id}"
+        page = f"{mlflow_server.url}/#/experiments/{experiment}/runs/{run.info.run_id}"
+        assert link == page + store.RUN_PAGE_QUERY
         assert http_status(link) == 200
         assert result.metadata["mlflow_run_url"] == link
         where = f"run {run.info.run_id} in {mlflow_server.url}: {link}"

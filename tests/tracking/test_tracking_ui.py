@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 from tracking_checks import http_status
 
 from serverless_gpu import distributed
-from serverless_gpu.tracking import TrackingWarning, stop_ui, ui
+from serverless_gpu.tracking import TrackingWarning, stop_ui, store, ui
 
 
 def test_ui_serves_the_store_and_later_links_point_at_it(embedded: MlflowClient) -> None:
@@ -26,7 +26,8 @@ def test_ui_serves_the_store_and_later_links_point_at_it(embedded: MlflowClient)
         result = distributed(gpus=2, gpu_type="cpu")(tracking_fns.no_mlflow).distributed()
         run_id = result.metadata["mlflow_run_id"]
         experiment = result.metadata["mlflow_experiment_id"]
-        assert result.links["mlflow"] == f"{address}/#/experiments/{experiment}/runs/{run_id}"
+        page = f"{address}/#/experiments/{experiment}/runs/{run_id}{store.RUN_PAGE_QUERY}"
+        assert result.links["mlflow"] == page
         assert http_status(result.links["mlflow"]) == 200
         # The same store behind it: the UI's own API knows the run.
         assert http_status(f"{address}/ajax-api/2.0/mlflow/runs/get?run_id={run_id}") == 200
