@@ -68,7 +68,16 @@ def rank_outcome(rank: RankView) -> str:
     """What a rank ended with: its result's type, or why it failed or was stopped."""
     if rank.state is RankState.DONE:
         return rank.result or rank.detail or "returned"
-    return rank.detail
+    return " \u00b7 ".join(filter(None, (rank.detail, stopped_at(rank))))
+
+
+def stopped_at(rank: RankView) -> str:
+    """``cancelled at 15 % · 90/600``: how far a rank's progress bar got before it was stopped
+    (empty for a rank without a bar, or one that is still running or returned)."""
+    bar = rank.last_progress()
+    if bar is None or rank.state in (RankState.STARTING, RankState.RUNNING, RankState.DONE):
+        return ""
+    return f"{rank.state} at {bar.percent} % \u00b7 {bar.count}"
 
 
 def summary_rows(view: RunView, now: float | None = None) -> list[tuple[str, str, str, str]]:

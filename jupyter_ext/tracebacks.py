@@ -41,7 +41,10 @@ _FRAME = re.compile(r'^(?P<indent> *)File "(?P<file>[^"]+)", line (?P<line>\d+)(
 _MAGIC_CELL = re.compile(r"^<%%distributed (In\[\d+\])>$")
 _LIBRARY = str(Path(serverless_gpu.__file__).resolve().parent) + "/"
 _OURS = (_LIBRARY, str(Path(__file__).resolve().parent) + "/")
-_RED, _BOLD_RED, _DIM, _RESET = "\x1b[31m", "\x1b[1;31m", "\x1b[2m", "\x1b[0m"
+_RED, _DIM, _RESET = "\x1b[31m", "\x1b[2m", "\x1b[0m"
+_HEADLINE = "\x1b[1m"
+"""The headline: bold in the text's own colour. Bold red is drawn in the "intense" red, which
+reads at about 2:1 on a dark theme's error background; the error's background says red."""
 
 _HANDLED = (Exception, KeyboardInterrupt)
 """What the extension's handler sees (IPython shows everything it does not change as usual)."""
@@ -115,7 +118,7 @@ def render_lines(exc: BaseException, label: Labeler) -> list[str] | None:
     if isinstance(exc, CancelledError):
         return [f"{_RED}{type(exc).__name__}: {_first_line(exc)}{_RESET}"]
     if isinstance(exc, DistributedError) and exc.run_dir is not None:
-        lines = [f"{_BOLD_RED}{type(exc).__name__}: {_first_line(exc)}{_RESET}"]
+        lines = [f"{_HEADLINE}{type(exc).__name__}: {_first_line(exc)}{_RESET}"]
         lines += str(exc).splitlines()[1:]
         return [*lines, _run_dir_line(exc.run_dir)]
     return None
@@ -125,7 +128,7 @@ def _rank_raised(exc: BaseException, rank: int, run_dir: Path | None, label: Lab
     type_name = exc.type_name if isinstance(exc, RemoteError) else type(exc).__name__
     message = exc.remote_message if isinstance(exc, RemoteError) else _first_line(exc)
     head = f"rank {rank} raised {type_name.rsplit('.', 1)[-1]}"
-    lines = [f"{_BOLD_RED}{head}: {message}{_RESET}" if message else f"{_BOLD_RED}{head}{_RESET}"]
+    lines = [f"{_HEADLINE}{head}: {message}{_RESET}" if message else f"{_HEADLINE}{head}{_RESET}"]
     cause = exc.__cause__
     if isinstance(cause, RemoteTraceback):
         lines += clean_traceback(cause.traceback_text, label)
