@@ -32,21 +32,21 @@ class UiPump:
     """Handles pending frontend messages for one run; a no-op outside a kernel's main thread."""
 
     def __init__(self, shell: Any) -> None:
-        self._shell = shell
         self._kernel = getattr(shell, "kernel", None)
         self._poll: Callable[[], None] | None = None
         self._closer: contextlib.ExitStack | None = None
-        self._busy: BusyWhileRunning | None = None
+        # Installed at once: JupyterLab asks for a subshell (a control request, then "idle") as
+        # soon as the run's widget shows, before the first poll.
+        self._busy = BusyWhileRunning.install(shell) if _in_main_thread() else None
         self._broken = False
 
     def poll(self) -> None:
         if self._broken or self._kernel is None:
             return
-        if threading.current_thread() is not threading.main_thread():
+        if not _in_main_thread():
             return  # the kernel's sockets belong to its main thread
         try:
             if self._poll is None:
-                self._busy = BusyWhileRunning.install(self._shell)
                 self._poll = self._start()
             self._poll()
         except Exception:  # never let UI plumbing break the user's run; just stop pumping
@@ -71,6 +71,10 @@ class UiPump:
             process = self._closer.enter_context(ui_events())
             return lambda: process(_MESSAGES_PER_POLL)
         return _ShellInbox(kernel).pump
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 class BusyWhileRunning:
