@@ -4,9 +4,11 @@
 A cancelled run's record says how far each rank's progress bar got; the all-ranks view shows
 bars being drawn; the full log opens at its end, in the notebook's theme, and follows the run;
 Stacks shows a busy state, one line per rank naming the cell, a verdict, tqdm's monitor thread
-folded, all of it kept in the record with the hang warning; the kernel stays "Busy" while a
-second tab connects; text, rank labels, links and the error headline read at 4.5:1 or more,
-measured from the rendered colours; the focus ring shows; buttons are named without a blank.
+folded, all of it kept in the record with the hang warning (and in the saved notebook, reopened);
+the kernel stays "Busy" while a second tab connects; rank labels, links and error headlines
+read at 4.5:1 or more, measured from the rendered colours; the focus ring shows; buttons are
+named without a blank. (Notebook 7 is not installed here: the reopened records are checked in
+JupyterLab.)
 
 Screenshots go to the test's temporary folder; ``scripts/refresh_screenshots.sh`` writes them to
 ``docs/`` instead.
@@ -163,6 +165,7 @@ def test_records_and_the_hang_doctor_in_jupyterlab(
             _full_log_follows(page)
             _stacks_doctor(page, shots)
             _error_headline(page)
+            _saved_and_reopened(page)
         except Exception:
             page.screenshot(path=str(tmp_path / "failed.png"), full_page=True)
             print("screenshot of the failure:", tmp_path / "failed.png")
@@ -239,6 +242,9 @@ def _cancelled_progress(page: Any, shots: Path, url: str) -> None:
     assert "(no output)" not in text and "last 0 lines" not in text, text
     tail = record.locator('details[data-rank="0"] pre')
     expect(tail).to_contain_text(re.compile(r"train: +\d+%\|.*\| \d+/600"))
+    error = cell.locator('[data-mime-type="application/vnd.jupyter.stderr"] pre span').first
+    expect(error).to_have_text(re.compile("^CancelledError: run cancelled"), timeout=10 * MS)
+    assert _contrast(error) >= MIN_CONTRAST
     lab._wait_idle(page, 20)
     cell.locator(".jp-Cell-outputWrapper").screenshot(path=str(shots / "record-cancelled.png"))
 
@@ -339,3 +345,20 @@ def _error_headline(page: Any) -> None:
     expect(tail).not_to_contain_text("Traceback (most recent call last)")
     assert error.inner_text().count("batch 7 has no labels") >= 1
     lab._wait_idle(page, 20)
+
+
+def _saved_and_reopened(page: Any) -> None:
+    """The records are what the saved notebook keeps: reopened, they read as they ended."""
+    from playwright.sync_api import expect
+
+    page.keyboard.press("Escape")
+    page.keyboard.press("Control+s")
+    expect(page.locator(".jp-mod-dirty")).to_have_count(0, timeout=10 * MS)
+    page.reload()
+    lab._wait_idle(page, 60)
+    cancelled = lab._cell(page, 1).locator(".sgpu-record")
+    expect(cancelled).to_contain_text(re.compile(r"cancelled at \d+ % · \d+/600"), timeout=30 * MS)
+    expect(cancelled).to_contain_text("progress when it ended")
+    stacks = lab._cell(page, 3).locator(".sgpu-record")
+    expect(stacks.locator(".sgpu-verdict")).to_contain_text("rank 1 never entered")
+    expect(stacks.locator(".sgpu-hang")).to_contain_text("during the run:")
