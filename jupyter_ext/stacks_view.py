@@ -80,20 +80,24 @@ def verdict(
 ) -> str:
     """The flight recorder's word when it has one, else the stacks'; empty when neither
     shows which rank the others wait for."""
-    return _from_flight_recorder(collectives) or _from_stacks(texts, label)
+    return _from_flight_recorder(texts, collectives) or _from_stacks(texts, label)
 
 
-def _from_flight_recorder(collectives: dict[int, dict[str, Any] | None]) -> str:
-    waiting = {r: e for r, e in collectives.items() if e is not None and e.get("state") in _WAITING}
+def _from_flight_recorder(
+    texts: dict[int, str | None], collectives: dict[int, dict[str, Any] | None]
+) -> str:
+    """The newest collective a rank waits in, and the ranks whose newest is an older one.
+
+    Only ranks that answered count (one that ended has no say); gloo leaves its entries
+    ``scheduled``, so ranks level with the newest are never named.
+    """
+    answered = {r: e for r, e in collectives.items() if texts.get(r) is not None}
+    waiting = {r: e for r, e in answered.items() if e is not None and e.get("state") in _WAITING}
     if not waiting:
         return ""
-    rank, entry = min(waiting.items(), key=lambda item: item[0])
-    seq = flight.sequence(entry)
-    behind = [
-        r
-        for r, e in collectives.items()
-        if r not in waiting and (e is None or (flight.sequence(e) or 0) < (seq or 0))
-    ]
+    rank, entry = max(waiting.items(), key=lambda item: (flight.sequence(item[1]) or 0, -item[0]))
+    seq = flight.sequence(entry) or 0
+    behind = [r for r, e in answered.items() if e is None or (flight.sequence(e) or 0) < seq]
     if not behind:
         return ""
     name = entry.get("profiling_name") or "collective"

@@ -193,3 +193,17 @@ def test_the_record_keeps_the_stacks_and_the_hang_warning(tmp_path: Path) -> Non
     assert "rank 0 &middot; in all_reduce \u2190 Cell In[7], line 16" in record
     assert "rank 1 &middot; did not answer" in record
     assert 'class="sgpu-record-stacks"' in record and "Cell In[7], line 16 in train" in record
+
+
+def test_gloo_entries_left_scheduled_at_the_same_collective_give_no_verdict(
+    tmp_path: Path,
+) -> None:
+    """gloo never marks its entries completed: ranks level with the newest are not named."""
+    view = _view(tmp_path)
+    paths = view.paths
+    paths.stacks_dir.mkdir(parents=True, exist_ok=True)
+    for rank in (0, 1):
+        row = {"record_id": 3, "profiling_name": "gloo:all_reduce", "collective_seq_id": 3,
+               "state": "scheduled"}  # fmt: skip
+        paths.flight_recorder(rank).write_bytes(pickle.dumps({"entries": [row]}))
+    assert stacks_view.take({0: RANK1, 1: RANK1}, 2, paths, _label).verdict == ""
