@@ -121,8 +121,20 @@ def snapshot_text(view: RunView, tail: int = 20) -> str:
             earlier = rank.line_count - len(finished)
             lines.append(f"[rank {rank.rank}] ... ({earlier} earlier lines)")
         lines.extend(f"[rank {rank.rank}] {strip_ansi(text)}" for text in shown)
+    lines.extend(doctor_text(view))
     if view.done:
         lines.append(summary_text(view))
     else:
         lines.append(f"logs: {view.paths.logs}")
     return "\n".join(lines)
+
+
+def doctor_text(view: RunView) -> list[str]:
+    """The hang warning and the stacks' lines and verdict, for the record's text form."""
+    lines = [f"warning during the run: {view.hang_warning}"] if view.hang_warning else []
+    found = view.stacks
+    if found is not None:
+        at = time.strftime("%H:%M:%S", time.localtime(found.taken))
+        lines.append(f"stacks at {at}" + (f": {found.verdict}" if found.verdict else ""))
+        lines.extend(f"  rank {r} \u00b7 {line}" for r, line in sorted(found.lines.items()))
+    return lines

@@ -218,12 +218,6 @@ def busy_html() -> str:
     )
 
 
-def summary_text(found: StacksTaken) -> list[str]:
-    """The same as plain text (the record's text form)."""
-    lines = [f"verdict: {found.verdict}"] if found.verdict else []
-    return lines + [f"rank {r} \u00b7 {line}" for r, line in sorted(found.lines.items())]
-
-
 def silent_html(event: RanksSilent) -> str:
     """The hang warning under the header; empty once the ranks show life again."""
     if not event.ranks:

@@ -9,7 +9,7 @@ import sysconfig
 from pathlib import Path
 
 from jupyter_ext import stacks_view
-from jupyter_ext.formatting import summary_text
+from jupyter_ext.formatting import snapshot_text, summary_text
 from jupyter_ext.html_view import header_html, merged_lines_html, record_html
 from jupyter_ext.runstate import RunView
 from serverless_gpu.config import DistributedConfig
@@ -193,6 +193,9 @@ def test_the_record_keeps_the_stacks_and_the_hang_warning(tmp_path: Path) -> Non
     assert "rank 0 &middot; in all_reduce \u2190 Cell In[7], line 16" in record
     assert "rank 1 &middot; did not answer" in record
     assert 'class="sgpu-record-stacks"' in record and "Cell In[7], line 16 in train" in record
+    text = snapshot_text(view)  # the record's text form (nbconvert, GitHub's text view)
+    assert "warning during the run: rank 1 silent for 3 s" in text
+    assert "  rank 0 \u00b7 in all_reduce \u2190 Cell In[7], line 16" in text
 
 
 def test_gloo_entries_left_scheduled_at_the_same_collective_give_no_verdict(
