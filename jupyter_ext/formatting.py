@@ -68,7 +68,16 @@ def rank_outcome(rank: RankView) -> str:
     """What a rank ended with: its result's type, or why it failed or was stopped."""
     if rank.state is RankState.DONE:
         return rank.result or rank.detail or "returned"
-    return rank.detail
+    return " \u00b7 ".join(filter(None, (rank.detail, stopped_at(rank))))
+
+
+def stopped_at(rank: RankView) -> str:
+    """``cancelled at 15 % · 90/600``: how far a rank's progress bar got before it was stopped
+    (empty for a rank without a bar, or one that is still running or returned)."""
+    bar = rank.last_progress()
+    if bar is None or rank.state in (RankState.STARTING, RankState.RUNNING, RankState.DONE):
+        return ""
+    return f"{rank.state} at {bar.percent} % \u00b7 {bar.count}"
 
 
 def summary_rows(view: RunView, now: float | None = None) -> list[tuple[str, str, str, str]]:
@@ -112,8 +121,20 @@ def snapshot_text(view: RunView, tail: int = 20) -> str:
             earlier = rank.line_count - len(finished)
             lines.append(f"[rank {rank.rank}] ... ({earlier} earlier lines)")
         lines.extend(f"[rank {rank.rank}] {strip_ansi(text)}" for text in shown)
+    lines.extend(doctor_text(view))
     if view.done:
         lines.append(summary_text(view))
     else:
         lines.append(f"logs: {view.paths.logs}")
     return "\n".join(lines)
+
+
+def doctor_text(view: RunView) -> list[str]:
+    """The hang warning and the stacks' lines and verdict, for the record's text form."""
+    lines = [f"warning during the run: {view.hang_warning}"] if view.hang_warning else []
+    found = view.stacks
+    if found is not None:
+        at = time.strftime("%H:%M:%S", time.localtime(found.taken))
+        lines.append(f"stacks at {at}" + (f": {found.verdict}" if found.verdict else ""))
+        lines.extend(f"  rank {r} \u00b7 {line}" for r, line in sorted(found.lines.items()))
+    return lines

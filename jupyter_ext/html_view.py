@@ -11,6 +11,7 @@ import html
 from serverless_gpu.events import RankState, RunStatus
 from serverless_gpu.tracking import store
 
+from . import progress, stacks_view
 from .ansi import ansi_to_html, strip_ansi
 from .formatting import (
     final_line,
@@ -20,12 +21,13 @@ from .formatting import (
     rank_status,
     seconds,
     status_words,
+    stopped_at,
     summary_rows,
 )
-from .metrics import metrics_text
+from .metrics import key_metric, metrics_text
 from .runstate import RankView, RunView
 
-_GREY, _BLUE, _GREEN, _RED, _ORANGE = "#888", "#1f6feb", "#1a7f37", "#cf222e", "#bc4c00"
+_GREY, _BLUE, _GREEN, _RED, _ORANGE = "#6e7781", "#1f6feb", "#1a7f37", "#cf222e", "#bc4c00"
 RANK_COLORS = {
     RankState.STARTING: _GREY,
     RankState.RUNNING: _BLUE,
@@ -44,7 +46,11 @@ LINK_TITLES = {"mlflow": "MLflow run"}
 RECORD_TAIL = 20
 """Last lines per rank kept in the record (the full logs stay on disk)."""
 _RANK_COLORS = ("#0969da", "#8250df", "#1a7f37", "#bc4c00", "#bf3989", "#0a7b83", "#6e7781")
-_MUTED = "color:#6e7781;font-size:85%"
+"""``[rank N]`` colours where no JupyterLab theme is loaded (nbviewer, GitHub); in JupyterLab
+the widget's style sheet (``log_pane._CSS``) takes them from the theme's variables."""
+_LINK = "var(--jp-content-link-color,#1f6feb)"
+_DIM = "color:var(--jp-ui-font-color2,#6e7781)"
+_MUTED = f"{_DIM};font-size:85%"
 _PRE = "margin:0;white-space:pre-wrap;word-break:break-all;font-size:12px;line-height:1.35"
 
 
@@ -70,7 +76,7 @@ def _link(name: str, url: str, pending: str | None) -> str:
         )
     return (
         f'<a class="sgpu-link" data-link="{key}" href="{html.escape(url)}" target="_blank" '
-        f'rel="noopener" style="color:#1f6feb;text-decoration:underline">{title} &#8599;</a>'
+        f'rel="noopener" style="color:{_LINK};text-decoration:underline">{title} &#8599;</a>'
     )
 
 
@@ -105,7 +111,7 @@ def header_html(
     second = [html.escape(rank_counts(view))]
     metrics = metrics_text(view.metrics)
     if metrics:
-        second.append(f'<span class="sgpu-metrics">{html.escape(metrics)}</span>')
+        second.append(f'<span class="sgpu-metrics">{html.escape(metrics)}</span>{sparkline(view)}')
     progress = view.progress_line()
     if progress and not view.done:
         second.append(f'<span class="sgpu-progress">progress: {html.escape(progress)}</span>')
@@ -123,24 +129,30 @@ def rank_lines_html(view: RunView, rank: RankView) -> str:
     body: list[str] = []
     if rank.dropped:
         path = html.escape(str(view.log_path(rank.rank)))
-        body.append(f'<span style="color:#777">... {rank.dropped:,} earlier lines: {path}</span>\n')
+        body.append(f'<span style="{_DIM}">... {rank.dropped:,} earlier lines: {path}</span>\n')
     body.extend(ansi_to_html(text) + "\n" for _stream, text in rank.lines)
     body.extend(ansi_to_html(text) + "\n" for text in rank.provisional.values())
     if not rank.lines and not rank.provisional:
-        body.append(f'<span style="color:#777">(no output yet from rank {rank.rank})</span>')
+        body.append(f'<span style="{_DIM}">(no output yet from rank {rank.rank})</span>')
     return "".join(body)
 
 
 def _prefix(rank: int) -> str:
-    color = _RANK_COLORS[rank % len(_RANK_COLORS)]
-    return f'<span style="color:{color}">[rank {rank}]</span> '
+    index = rank % len(_RANK_COLORS)
+    return (
+        f'<span class="sgpu-rank-label sgpu-rank-{index}" style="color:{_RANK_COLORS[index]}">'
+        f"[rank {rank}]</span> "
+    )
 
 
 def merged_lines_html(view: RunView) -> str:
-    """Every rank's lines in arrival order, each prefixed ``[rank N]``."""
-    if not view.merged:
-        return '<span style="color:#777">(no output yet)</span>'
-    return "".join(_prefix(rank) + ansi_to_html(text) + "\n" for rank, text in view.merged)
+    """Every rank's lines in arrival order, each prefixed ``[rank N]``; then each rank's line
+    being rewritten (a progress bar), so a rank that only draws a bar shows it too."""
+    drawing = [(r.rank, text) for r in view.ranks for text in r.provisional.values()]
+    if not view.merged and not drawing:
+        return f'<span style="{_DIM}">(no output yet)</span>'
+    lines = [*view.merged, *drawing]
+    return "".join(_prefix(rank) + ansi_to_html(text) + "\n" for rank, text in lines)
 
 
 def rank_status_html(view: RunView) -> str:
@@ -165,10 +177,41 @@ def tab_title(rank: RankView) -> str:
     return f"rank {rank_label(rank)} \u00b7 {rank.state}"
 
 
+SPARK_WIDTH, SPARK_HEIGHT = 120, 16
+
+
+def sparkline(view: RunView) -> str:
+    """The key metric over the run as a small inline SVG (empty before two values came)."""
+    values = list(view.metric_history)
+    key = key_metric(view.metrics)
+    if len(values) < 2 or key is None:
+        return ""
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+    step = SPARK_WIDTH / (len(values) - 1)
+    points = " ".join(
+        f"{i * step:.1f},{SPARK_HEIGHT - 1 - (v - low) / span * (SPARK_HEIGHT - 2):.1f}"
+        for i, v in enumerate(values)
+    )
+    label = f"{key} over the run: from {values[0]:.4g} to {values[-1]:.4g}"
+    return (
+        f' <svg class="sgpu-sparkline" role="img" aria-label="{html.escape(label)}" '
+        f'width="{SPARK_WIDTH}" height="{SPARK_HEIGHT}" viewBox="0 0 {SPARK_WIDTH} {SPARK_HEIGHT}" '
+        'style="vertical-align:middle"><title>'
+        f"{html.escape(label)}</title><polyline "
+        'style="fill:none;stroke:var(--jp-brand-color1,#1f6feb);stroke-width:1.5" '
+        f'points="{points}"/></svg>'
+    )
+
+
 def record_html(
-    view: RunView, tail: int = RECORD_TAIL, pending: dict[str, str] | None = None
+    view: RunView,
+    tail: int = RECORD_TAIL,
+    label: stacks_view.Labeler = stacks_view.no_label,
+    pending: dict[str, str] | None = None,
 ) -> str:
-    """The finished run as static HTML: header, per-rank table, each rank's last lines."""
+    """The finished run as static HTML: header, per-rank table, how far the ranks got, the
+    hang warning and stacks taken during the run, each rank's last lines."""
     cell = '<td style="text-align:left;padding:1px 12px 1px 0;vertical-align:top">'
     head = "".join(
         f'<th style="text-align:left;padding:1px 12px 1px 0">{title}</th>'
@@ -186,7 +229,9 @@ def record_html(
         f"<b>{html.escape(view.name)}</b> &middot; {html.escape(hardware_label(view))} &middot; "
         f"{badge(view.status.value.replace('_', ' '), view.status.value)}{links}{_metrics(view)}"
         f'<div class="sgpu-summary">{html.escape(final_line(view))}</div>'
+        f"{_stopped_progress(view)}"
         f'<table style="border-collapse:collapse;font-size:90%"><tr>{head}</tr>{rows}</table>'
+        + _doctor(view, label)
         + "".join(_rank_tail(view, rank, tail) for rank in view.ranks)
         + f'<div style="{_MUTED}">full logs: <code>{logs}</code></div>'
         + mlflow_hint_html(view)
@@ -204,13 +249,55 @@ def _code(text: str) -> str:
 
 
 def _last(rank: RankView) -> str:
-    return strip_ansi(rank.last_line()).strip()[:160]
+    return strip_ansi(rank.last_line() or rank.bar).strip()[:160]
+
+
+def _stopped_progress(view: RunView) -> str:
+    """How far the progress bars got, for a run that did not run to its end."""
+    if view.status is RunStatus.SUCCEEDED:
+        return ""
+    positions = [(r.rank, p) for r in view.ranks if (p := r.last_progress()) is not None]
+    line = progress.merged_line(positions)
+    if not line:
+        return ""
+    return f'<div class="sgpu-record-progress">progress when it ended: {html.escape(line)}</div>'
+
+
+def _doctor(view: RunView, label: stacks_view.Labeler) -> str:
+    """The hang warning given during the run and the stacks taken with the Stacks button."""
+    parts = []
+    if view.hang_warning:
+        parts.append(stacks_view.hang_html(f"during the run: {view.hang_warning}"))
+    found = view.stacks
+    if found is not None:
+        each = "".join(stacks_view.stacks_html(r, found, label) for r in sorted(found.texts))
+        parts.append(stacks_view.summary_html(found))
+        parts.append(
+            '<details class="sgpu-record-stacks"><summary>every rank\'s stacks</summary>'
+            f"{each}</details>"
+        )
+    return "".join(parts)
+
+
+def _tail_lines(view: RunView, rank: RankView, tail: int) -> list[str]:
+    """The rank's last lines, its progress bar as it was when it stopped, and no traceback
+    of the run's error (the notebook shows that right under the record)."""
+    lines = [text for _stream, text in list(rank.lines)[-tail:]]
+    if rank.bar and stopped_at(rank) and not any(rank.bar in text for text in lines):
+        lines.append(rank.bar)
+    if rank.rank == view.root_cause_rank and _TRACEBACK in lines:
+        start = len(lines) - 1 - lines[::-1].index(_TRACEBACK)
+        lines[start:] = ["(its traceback is shown under this record)"]
+    return lines
+
+
+_TRACEBACK = "Traceback (most recent call last):"
 
 
 def _rank_tail(view: RunView, rank: RankView, tail: int) -> str:
-    lines = [text for _stream, text in list(rank.lines)[-tail:]]
+    lines = _tail_lines(view, rank, tail)
     opened = " open" if rank.rank == (view.root_cause_rank or 0) else ""
-    earlier = rank.line_count - len(lines)
+    earlier = rank.line_count - min(len(rank.lines), tail)
     more = f", {earlier:,} earlier lines in the log" if earlier > 0 else ""
     body = "".join(ansi_to_html(text) + "\n" for text in lines) or "(no output)"
     return (

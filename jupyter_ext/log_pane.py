@@ -4,7 +4,9 @@ The scroll position belongs to the browser, so following is decided there: the p
 newest line in view while the user is at the bottom; scrolling up stops following (new lines are
 then held back, so the text being read stays put) until the user scrolls back down or ticks
 "follow". The kernel only sends the lines (bounded HTML) when they change. "open full log" asks
-the kernel for the rank's log file and shows it in a new browser tab.
+the kernel for the rank's log file and shows it in a new browser tab: in the notebook's theme,
+scrolled to its end, and re-read every few seconds while the run goes on (following the end
+while the reader is there).
 """
 
 from __future__ import annotations
@@ -68,12 +70,57 @@ function render({ model, el }) {
   follow.addEventListener("change", () => setFollowing(follow.checked));
   const onHtml = () => { if (following) draw(); };
   model.on("change:html", onHtml);
+  const opened = [];
+  const escape = (s) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  const logPage = (text) => {
+    // The notebook's own theme: the log reads as the pane does, in a light or a dark theme.
+    const css = getComputedStyle(el);
+    const v = (name, fallback) => css.getPropertyValue(name).trim() || fallback;
+    return `<!doctype html><html><head><meta charset="utf-8"><title>` +
+      `${escape(model.get("log_path"))}</title><style>html, body { margin: 0; ` +
+      `background: ${v("--jp-layout-color0", "#fff")}; ` +
+      `color: ${v("--jp-content-font-color1", "#000")}; color-scheme: light dark; }` +
+      ` pre { margin: 0; padding: 8px 12px; white-space: pre-wrap; word-break: break-all;` +
+      ` font: 12px/1.4 ${v("--jp-code-font-family", "monospace")}; }</style></head>` +
+      `<body><pre id="sgpu-log">${escape(text)}</pre></body></html>`;
+  };
+  const toTail = (win) => {
+    // The page is the opener's origin (a blob: URL made here): scrolled from here, no script.
+    let tries = 0;
+    const timer = setInterval(() => {
+      tries += 1;
+      try {
+        if (win.closed || tries > 100) { clearInterval(timer); return; }
+        if (!win.document.getElementById("sgpu-log")) return;
+        win.scrollTo(0, win.document.documentElement.scrollHeight);
+        clearInterval(timer);
+      } catch (e) { clearInterval(timer); }
+    }, 50);
+  };
+  const refresh = (win, text) => {
+    try {
+      const pre = win.document.getElementById("sgpu-log");
+      if (!pre || pre.textContent === text) return;
+      const doc = win.document.documentElement;
+      const atEnd = doc.scrollHeight - win.scrollY - win.innerHeight < 8;
+      pre.textContent = text;
+      if (atEnd) win.scrollTo(0, doc.scrollHeight);
+    } catch (e) { /* the reader closed it or went elsewhere */ }
+  };
+  const poll = setInterval(() => {
+    const live = opened.filter((w) => !w.closed);
+    opened.splice(0, opened.length, ...live);
+    if (live.length) model.send({ type: "open_log", follow: true });
+  }, 2000);
   const onMessage = (msg) => {
     if (msg.type !== "log") return;
-    const url = URL.createObjectURL(new Blob([msg.text], { type: "text/plain;charset=utf-8" }));
-    const win = waiting.shift();
+    if (msg.follow) { opened.forEach((w) => refresh(w, msg.text)); return; }
+    const page = new Blob([logPage(msg.text)], { type: "text/html;charset=utf-8" });
+    const url = URL.createObjectURL(page);
+    let win = waiting.shift();
     if (win && !win.closed) win.location.href = url;
-    else window.open(url, "_blank");
+    else win = window.open(url, "_blank");
+    if (win) { opened.push(win); toTail(win); }
   };
   model.on("msg:custom", onMessage);
   // A tab shown again, or the pane laid out for the first time: back to the newest line.
@@ -81,6 +128,7 @@ function render({ model, el }) {
   resized.observe(out);
   setFollowing(true);
   return () => {
+    clearInterval(poll);
     resized.disconnect();
     model.off("change:html", onHtml);
     model.off("msg:custom", onMessage);
@@ -117,7 +165,8 @@ class LogPane(anywidget.AnyWidget):
 
     def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
         if isinstance(content, dict) and content.get("type") == "open_log" and self._log_path:
-            self.send({"type": "log", "text": read_log(self._log_path)})
+            follow = bool(content.get("follow"))
+            self.send({"type": "log", "text": read_log(self._log_path), "follow": follow})
 
 
 def read_log(path: Path, limit: int = MAX_LOG_BYTES) -> str:

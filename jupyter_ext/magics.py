@@ -35,7 +35,7 @@ from serverless_gpu.stack_text import where
 from . import magic_args
 from .cellfunc import EmptyCellError, build_cell_function
 from .hook import abandon_unstarted, last_run, renderer_for
-from .tracebacks import Labeler, attach, clean_traceback, ipython_labeler
+from .tracebacks import HEADLINE, Labeler, attach, clean_traceback, ipython_labeler
 
 T = TypeVar("T")
 
@@ -175,7 +175,7 @@ def _show_without_local_frames(exc: BaseException, label: Labeler) -> None:
     if attach(exc, label) or not isinstance(exc, DistributedError):
         return
     text = str(exc).splitlines() or [""]
-    lines = [f"\x1b[1;31m{type(exc).__name__}\x1b[0m: {text[0]}", *text[1:]]
+    lines = [f"{HEADLINE}{type(exc).__name__}\x1b[0m: {text[0]}", *text[1:]]
     exc._render_traceback_ = lambda: lines  # type: ignore[attr-defined]
 
 

@@ -12,12 +12,22 @@ SHOWN = 4
 """Keys shown at most: loss-like keys first, then in the order they were first logged."""
 
 
+def _ordered(latest: LatestMetrics) -> list[str]:
+    return sorted(latest.values, key=lambda key: "loss" not in key)
+
+
+def key_metric(latest: LatestMetrics) -> str | None:
+    """The metric the header's sparkline follows: the first loss-like one, else the first."""
+    keys = _ordered(latest)
+    return keys[0] if keys else None
+
+
 def metrics_text(latest: LatestMetrics) -> str:
     """Empty before rank 0 logged a metric."""
     values = latest.values
     if not values:
         return ""
-    keys = sorted(values, key=lambda key: "loss" not in key)[:SHOWN]
+    keys = _ordered(latest)[:SHOWN]
     step = max(step for _value, step in values.values())
     shown = [f"{key} {values[key][0]:.4g}" for key in keys]
     return " \u00b7 ".join(([f"step {step}"] if step else []) + shown)

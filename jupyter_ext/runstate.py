@@ -28,9 +28,13 @@ from serverless_gpu.hooks import RunContext
 from serverless_gpu.tracking import LatestMetrics
 
 from . import progress
+from .metrics import key_metric
+from .progress import Progress
 
 MAX_LINES_ENV = "SERVERLESS_GPU_WIDGET_LINES"
 DEFAULT_MAX_LINES = 200
+METRIC_POINTS = 200
+"""Values of the key metric the header's sparkline draws at most (the newest)."""
 
 
 def max_lines_setting() -> int:
@@ -58,6 +62,9 @@ class RankView:
     provisional: dict[str, str] = field(default_factory=dict)
     """Per stream, the line being rewritten in place (a progress bar)."""
     line_count: int = 0
+    bar: str = ""
+    """The progress bar as the rank drew it last: kept once the rank ended (a cancel or a
+    timeout clears the line being rewritten), so the record says how far the rank got."""
     version: int = 0
     """Bumped on every change, so renderers redraw only the ranks that changed."""
 
@@ -66,6 +73,8 @@ class RankView:
 
     def add_output(self, stream: str, pieces: tuple[str, ...]) -> None:
         for piece in pieces:
+            if "%" in piece and progress.parse(piece) is not None:
+                self.bar = piece.rstrip("\r\n").rsplit("\r", 1)[-1]
             if piece.endswith("\n"):
                 self.lines.append((stream, piece[:-1]))
                 self.line_count += 1
@@ -88,6 +97,10 @@ class RankView:
                 return found
         return None
 
+    def last_progress(self) -> Progress | None:
+        """Where the rank's bar stood last, also after the rank ended (for the record)."""
+        return progress.parse(self.bar) if self.bar else None
+
     @property
     def dropped(self) -> int:
         """Finished lines no longer held here (they are in the log file)."""
@@ -97,6 +110,19 @@ class RankView:
         if self.started is None:
             return None
         return (self.finished or now) - self.started
+
+
+@dataclass
+class StacksTaken:
+    """What the Stacks button found, kept in the view so that the record shows it too."""
+
+    taken: float
+    texts: dict[int, str | None]
+    """Per rank: its stacks (faulthandler's text, main thread first), or None: no answer."""
+    lines: dict[int, str]
+    """Per rank: where it is, in one line (``in all_reduce ← Cell In[7], line 16``)."""
+    verdict: str = ""
+    """Which rank keeps the others waiting, where the stacks or the flight recorder say."""
 
 
 _INTERRUPTED = (RankState.STOPPED, RankState.STARTING, RankState.RUNNING)
@@ -135,6 +161,12 @@ class RunView:
         self.merged: deque[tuple[int, str]] = deque(maxlen=2 * limit)
         """Every rank's finished lines in arrival order, for the all-ranks view."""
         self.metrics = LatestMetrics()
+        self.metric_history: deque[float] = deque(maxlen=METRIC_POINTS)
+        """The key metric's values (:func:`metrics.key_metric`), oldest first: the sparkline."""
+        self.stacks: StacksTaken | None = None
+        """The stacks taken last with the Stacks button (None: not taken)."""
+        self.hang_warning = ""
+        """The last silent-ranks warning given in this run (kept in the record)."""
         self.version = 0
         """Bumped on every change to any rank."""
 
@@ -151,10 +183,17 @@ class RunView:
             self._rank_finished(event)
         elif isinstance(event, RunFinished):
             self._run_finished(event)
-        elif not (isinstance(event, RankMessage) and self.metrics.update(event)):
+        elif isinstance(event, RankMessage) and self.metrics.update(event):
+            self._metric_point()
+        else:
             return False
         self.version += 1
         return True
+
+    def _metric_point(self) -> None:
+        key = key_metric(self.metrics)
+        if key is not None:
+            self.metric_history.append(self.metrics.values[key][0])
 
     def _rank_started(self, event: RankStarted) -> None:
         rank = self.ranks[event.rank]

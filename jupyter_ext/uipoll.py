@@ -10,6 +10,11 @@ the handle's idle callbacks:
   reading the main shell's inbound socket directly: comm messages are handled at once, anything
   else is handed back to the kernel's own dispatcher, which runs it after the cell as it would
   have anyway, in arrival order.
+
+Any message the kernel handles while the cell runs (a widget's comm message, a control
+channel's ``kernel_info_request`` from the server's connection check, a debugger request) ends
+with an ``idle`` status, and JupyterLab's status bar then reads "Idle" beside a ``[*]`` cell.
+:class:`BusyWhileRunning` follows every such ``idle`` with a ``busy`` for the running cell.
 """
 
 from __future__ import annotations
@@ -30,12 +35,15 @@ class UiPump:
         self._kernel = getattr(shell, "kernel", None)
         self._poll: Callable[[], None] | None = None
         self._closer: contextlib.ExitStack | None = None
+        # Installed at once: JupyterLab asks for a subshell (a control request, then "idle") as
+        # soon as the run's widget shows, before the first poll.
+        self._busy = BusyWhileRunning.install(shell) if _in_main_thread() else None
         self._broken = False
 
     def poll(self) -> None:
         if self._broken or self._kernel is None:
             return
-        if threading.current_thread() is not threading.main_thread():
+        if not _in_main_thread():
             return  # the kernel's sockets belong to its main thread
         try:
             if self._poll is None:
@@ -49,6 +57,9 @@ class UiPump:
         if self._closer is not None:
             self._closer.close()
             self._closer = None
+        if self._busy is not None:
+            self._busy.remove()
+            self._busy = None
         self._poll = None
 
     def _start(self) -> Callable[[], None]:
@@ -60,6 +71,54 @@ class UiPump:
             process = self._closer.enter_context(ui_events())
             return lambda: process(_MESSAGES_PER_POLL)
         return _ShellInbox(kernel).pump
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+class BusyWhileRunning:
+    """While the cell that waits on a run is running, the kernel's status stays ``busy``: an
+    ``idle`` published for any other request is followed by a ``busy`` for the cell's.
+
+    Installed from the cell's own thread (where the kernel's parent is the cell's execute
+    request); removed when the cell ends (``post_run_cell``) or the run does.
+    """
+
+    def __init__(self, shell: Any, kernel: Any, cell: dict[str, Any]) -> None:
+        self._shell, self._kernel, self._cell = shell, kernel, cell
+        self._cell_id = cell["header"]["msg_id"]
+        self._publish = kernel._publish_status
+        kernel._publish_status = self._publish_status
+        shell.events.register("post_run_cell", self._cell_ended)
+
+    @classmethod
+    def install(cls, shell: Any) -> BusyWhileRunning | None:
+        kernel = getattr(shell, "kernel", None)
+        get_parent = getattr(kernel, "get_parent", None)
+        cell = get_parent("shell") if get_parent is not None else None
+        if not (isinstance(cell, dict) and cell.get("header", {}).get("msg_id")):
+            return None
+        if not hasattr(kernel, "_publish_status") or not hasattr(shell, "events"):
+            return None
+        return cls(shell, kernel, cell)
+
+    def _publish_status(self, status: str, channel: str, parent: Any = None) -> None:
+        self._publish(status, channel, parent)
+        if status != "idle":
+            return
+        about = parent or self._kernel.get_parent(channel)
+        if (about or {}).get("header", {}).get("msg_id") != self._cell_id:
+            self._publish("busy", "shell", self._cell)
+
+    def _cell_ended(self, *_args: Any) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        if self._kernel.__dict__.get("_publish_status") == self._publish_status:
+            del self._kernel._publish_status
+        with contextlib.suppress(ValueError):
+            self._shell.events.unregister("post_run_cell", self._cell_ended)
 
 
 class _ShellInbox:

@@ -23,12 +23,15 @@ import ipywidgets as widgets
 from IPython.display import DisplayHandle, display
 
 from serverless_gpu.events import OutputLines, RankMessage, RanksSilent, RunFinished
+from serverless_gpu.hangs import warning_text
 from serverless_gpu.hooks import RunContext
 
 from . import html_view, stacks_view
-from .formatting import snapshot_text
+from .formatting import snapshot_text, status_words
+from .live_status import LiveStatus
 from .log_pane import LogPane
 from .runstate import RunView
+from .tracebacks import ipython_labeler
 from .uipoll import UiPump
 
 MIN_INTERVAL_S = 0.25
@@ -73,6 +76,8 @@ class WidgetRenderer:
         self._in_tick = False
         ctx.idle_callbacks.append(self.tick)
         self._pump = UiPump(shell)
+        self._label = ipython_labeler(shell)
+        """Names a frame's file as IPython does (``Cell In[7]``) in the stacks shown."""
         self._note = ""
         self._drawn: dict[int, int] = {}
         self._last_draw = 0.0
@@ -89,16 +94,13 @@ class WidgetRenderer:
         self.header = widgets.HTML(
             html_view.header_html(view), layout=widgets.Layout(flex="1 1 auto")
         )
+        # No icons: an icon font's glyph would lead the button's accessible name (" Cancel").
         self.cancel_button = widgets.Button(
-            description="Cancel",
-            button_style="danger",
-            icon="stop",
-            tooltip="Stop every rank of this run",
+            description="Cancel", button_style="danger", tooltip="Stop every rank of this run"
         )
         self.cancel_button.on_click(self._on_cancel)
         self.stacks_button = widgets.Button(
             description="Stacks",
-            icon="search",
             tooltip="Show where every rank is now (its Python stacks) without stopping the run",
         )
         self.stacks_button.on_click(self._on_stacks)
@@ -118,6 +120,9 @@ class WidgetRenderer:
         self._button_display: DisplayHandle | None = None
         """The MLflow button kept under the record of a run whose UI did not start."""
         self.rank_status = widgets.HTML(html_view.rank_status_html(view))
+        self.stacks_summary = widgets.HTML("", _dom_classes=["sgpu-stacks-pane"])
+        """One line per rank and a verdict, once the Stacks button took them (all-ranks view)."""
+        self.live = LiveStatus()
         self.merged = LogPane("all", html_view.merged_lines_html(view))
         self.outputs = [
             LogPane(str(r.rank), html_view.rank_lines_html(view, r), view.log_path(r.rank))
@@ -125,7 +130,9 @@ class WidgetRenderer:
         ]
         self.stack_boxes = [widgets.HTML("") for _ in view.ranks]
         """Each rank's stacks, above its output, once the Stacks button took them."""
-        everything = widgets.VBox([self.rank_status, self.merged], _dom_classes=["sgpu-all"])
+        everything = widgets.VBox(
+            [self.stacks_summary, self.rank_status, self.merged], _dom_classes=["sgpu-all"]
+        )
         self.tabs = widgets.Tab(
             children=[
                 everything,
@@ -143,7 +150,9 @@ class WidgetRenderer:
             layout=widgets.Layout(justify_content="space-between", align_items="flex-start"),
         )
         self.widget = RunWidget(
-            self.text, children=[top, self.warning, self.tabs], _dom_classes=["sgpu-run"]
+            self.text,
+            children=[top, self.live, self.warning, self.tabs],
+            _dom_classes=["sgpu-run"],
         )
 
     # -- events and ticks (the waiting thread) --------------------------------------------
@@ -151,6 +160,9 @@ class WidgetRenderer:
     def __call__(self, event: object) -> None:
         if isinstance(event, RanksSilent):
             self.warning.value = stacks_view.silent_html(event)
+            if event.ranks:
+                self.view.hang_warning = warning_text(event)
+                self.live.say(self.view.hang_warning)
             return
         if not self.view.apply(event):
             return
@@ -197,6 +209,7 @@ class WidgetRenderer:
         self.header.value = html_view.header_html(
             self.view, note=self._note, pending=self._pending_links()
         )
+        self.live.say(f"{self.view.name}: {self._note or status_words(self.view)}")
 
     def _tracked(self) -> bool:
         """Whether tracking made this run's MLflow link (and says in which store)."""
@@ -244,7 +257,9 @@ class WidgetRenderer:
         self._button_display = display(self.mlflow_button, display_id=True)
 
     def _publish_record(self) -> None:
-        self.record = html_view.record_html(self.view, pending=self._pending_links())
+        self.record = html_view.record_html(
+            self.view, label=self._label, pending=self._pending_links()
+        )
         if self._display is not None:
             bundle = {"text/html": self.record, "text/plain": self.text()}
             self._display.update(bundle, raw=True)
@@ -287,6 +302,8 @@ class WidgetRenderer:
             return
         self.stacks_button.disabled = True
         self.stacks_button.description = "Taking stacks..."
+        self.stacks_summary.value = stacks_view.busy_html()
+        self.live.say("taking every rank's stacks")
         if self._in_tick:
             self._stacks_pending = True  # taken once the pump has returned (as Cancel is)
         else:
@@ -295,13 +312,17 @@ class WidgetRenderer:
     def _show_stacks(self) -> None:
         """Take every rank's stacks (about a second) and show them in each rank's tab."""
         try:
-            found = self._take_stacks()
+            texts = self._take_stacks()
         finally:
             self.stacks_button.disabled = False
             self.stacks_button.description = "Stacks"
-        taken = time.time()
+        view = self.view
+        found = stacks_view.take(texts, view.world_size, view.paths, self._label)
+        view.stacks = found
+        self.stacks_summary.value = stacks_view.summary_html(found)
         for rank, box in enumerate(self.stack_boxes):
-            box.value = stacks_view.stacks_html(rank, found.get(rank), taken)
+            box.value = stacks_view.stacks_html(rank, found, self._label)
+        self.live.say(f"stacks taken{': ' + found.verdict if found.verdict else ''}")
 
     def _on_open_mlflow(self, _button: widgets.Button) -> None:
         """The retry of a UI that did not start."""

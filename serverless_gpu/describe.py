@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+_SHOWN = 60
+"""Characters of a description at most (a long string's value is cut)."""
+
 
 def describe_value(value: Any) -> str:
     """A short type-and-shape description: ``Tensor (2, 3) torch.float32``, ``list[4]``,
@@ -26,6 +29,7 @@ def _describe(value: Any) -> str:
         return " ".join(filter(None, [kind, str(dims if dims is not None else shape), str(dtype)]))
     if isinstance(value, (list, tuple, dict, set, frozenset)):
         return f"{kind}[{len(value)}]"
-    if isinstance(value, (bool, int, float, complex)) or value is None:
-        return f"{kind} {value!r}"[:60]
+    if isinstance(value, (bool, int, float, complex, str, bytes)) or value is None:
+        text = f"{kind} {value!r}"
+        return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "\u2026"
     return kind

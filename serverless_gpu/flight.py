@@ -76,21 +76,34 @@ def dump(path: Path) -> bool:
     return True
 
 
-def last_collective(paths: RunPaths, rank: int) -> str:
-    """``gloo:all_reduce #5 (scheduled)`` for the rank's newest recorded collective; empty when
-    no dump exists or it cannot be read."""
+def newest(paths: RunPaths, rank: int) -> dict[str, Any] | None:
+    """The rank's newest recorded collective (a flight-recorder entry); None when no dump
+    exists or it cannot be read."""
     try:
         with open(paths.flight_recorder(rank), "rb") as f:
             data: Any = pickle.load(f)  # written by this user's own rank process
     except Exception:  # a missing or torn dump costs this line only
-        return ""
+        return None
     entries = data.get("entries") if isinstance(data, dict) else None
     if not entries:
+        return None
+    entry: dict[str, Any] = max(entries, key=lambda e: e.get("record_id", 0))
+    return entry
+
+
+def sequence(entry: dict[str, Any]) -> Any:
+    """The entry's number in its group: collectives and point-to-point calls count apart."""
+    return entry.get("p2p_seq_id") if entry.get("is_p2p") else entry.get("collective_seq_id")
+
+
+def last_collective(paths: RunPaths, rank: int) -> str:
+    """``gloo:all_reduce #5 (scheduled)`` for the rank's newest recorded collective; empty when
+    no dump exists or it cannot be read."""
+    entry = newest(paths, rank)
+    if entry is None:
         return ""
-    entry = max(entries, key=lambda e: e.get("record_id", 0))
     name = entry.get("profiling_name") or "collective"
-    seq = entry.get("p2p_seq_id") if entry.get("is_p2p") else entry.get("collective_seq_id")
     state = entry.get("state", "")
     group = entry.get("process_group") or ("", "")
     where = f" in group {group[1]}" if group[1] and group[1] != "default_pg" else ""
-    return f"{name} #{seq} ({state}){where}"
+    return f"{name} #{sequence(entry)} ({state}){where}"

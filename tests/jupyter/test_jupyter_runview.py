@@ -147,6 +147,7 @@ def test_all_ranks_view_interleaves_lines_with_rank_prefixes(tmp_path: Path) -> 
         ("[rank 0]", "a1"),
         ("[rank 1]", "b0"),
         ("[rank 0]", "a2"),
+        ("[rank 1]", "partial"),  # the line being drawn (a progress bar) comes last
     ]
     status = rank_status_html(view)
     assert "<code>a2</code>" in status and "<code>partial</code>" in status  # each last line

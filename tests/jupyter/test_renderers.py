@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import io
 import re
 import time
@@ -183,3 +184,63 @@ def test_text_renderer_reports_a_failed_run(attach: Any) -> None:
     assert re.search(r"\n  0 +stopped +[\d.]+ s +rank 1 failed\n", text), text
     assert re.search(r"\n  1 +failed +[\d.]+ s +KeyError: 'missing shard'\n", text), text
     assert "SIGTERM" not in text
+
+
+@distributed(gpus=2, gpu_type="cpu", standby=False)
+def one_rank_never_reduces() -> None:
+    import sys
+
+    import torch
+    import torch.distributed as dist
+    from tqdm import tqdm
+
+    from serverless_gpu import runtime
+
+    def stuck_here() -> None:
+        print("rank 1 stuck", flush=True)
+        time.sleep(600)
+
+    runtime.init_process_group()
+    tqdm(range(3), file=sys.stderr)  # starts tqdm's monitor thread: library code, folded away
+    if runtime.get_global_rank() == 1:
+        stuck_here()
+    print("rank 0 reducing", flush=True)
+    dist.all_reduce(torch.ones(1))
+
+
+def test_stacks_give_a_line_per_rank_a_verdict_and_stay_in_the_record(attach: Any) -> None:
+    made = attach(lambda ctx: WidgetRenderer(ctx, show=False))
+    shown: list[str] = []  # what the all-ranks view's stacks pane showed, in order
+
+    def stacks_then_cancel(ctx: RunContext) -> None:
+        def step() -> None:
+            widget: WidgetRenderer = made[-1]
+            said = [widget.outputs[r].html for r in (0, 1)]
+            if not shown and "rank 0 reducing" in said[0] and "rank 1 stuck" in said[1]:
+                widget.stacks_summary.observe(lambda c: shown.append(c["new"]), "value")
+                widget.stacks_button.click()
+            elif widget.view.stacks is not None and not widget.cancel_button.disabled:
+                widget.cancel_button.click()
+
+        ctx.idle_callbacks.append(step)
+
+    hooks.register_hook(stacks_then_cancel, order=60)
+    try:
+        with pytest.raises(CancelledError):
+            one_rank_never_reduces.distributed()
+    finally:
+        hooks.unregister_hook(stacks_then_cancel)
+    widget: WidgetRenderer = made[0]
+    assert "taking every rank" in shown[0]  # the busy state, shown while the stacks are taken
+    found = widget.view.stacks
+    assert found is not None
+    assert re.fullmatch(r"in all_reduce \u2190 test_renderers\.py, line \d+", found.lines[0])
+    assert re.fullmatch(r"in stuck_here \u2190 test_renderers\.py, line \d+", found.lines[1])
+    assert found.verdict.startswith(
+        "rank 1 never entered the collective that rank 0 waits in (all_reduce)"
+    ), found.verdict
+    assert "rank 0 &middot; in all_reduce" in widget.stacks_summary.value  # all-ranks view
+    assert "library thread" in widget.stack_boxes[1].value
+    assert "tqdm" in widget.stack_boxes[1].value.split("library thread", 1)[1]
+    record = html.unescape(widget.record)
+    assert found.verdict in record and "in stuck_here" in record  # kept in the record
