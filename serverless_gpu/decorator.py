@@ -293,11 +293,11 @@ class DistributedFunction(Generic[P, R]):
 
         return RetryingHandle(Call(max_retries=cfg.max_retries), cfg.retry_on, attempt)
 
-    def start_trial(self, trial: int, item: Any, call: Call | None = None) -> RunHandle[R]:
-        """Start item number ``trial`` of a sweep (``map``, ``sweep``): its arguments become
-        the run's ``params``; ``call``: the item's call when this is a retry (``sweep``)."""
+    def start_trial(self, trial: int, item: Any) -> RunHandle[R]:
+        """Start item number ``trial`` of a sweep (``sweep``) as one call, as ``map`` does:
+        its arguments become the run's ``params``."""
         args, kwargs = trial_arguments(item)
-        return self._start_with(call or Call(), args, kwargs, trial)
+        return self._start_call(args, kwargs, trial)
 
     def _start(self, call: Call, *args: Any, **kwargs: Any) -> RunHandle[R]:
         return self._start_with(call, args, kwargs)
