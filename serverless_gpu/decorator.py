@@ -42,7 +42,9 @@ from .retries import (
     attempts_note,
     failed_attempt,
     retryable,
+    say_retrying,
 )
+from .retrying import RetryingHandle
 from .rundirs import new_run_dir, runs_root, storage_hint
 from .runpaths import RunPaths
 from .runspec import RunSpec
@@ -248,15 +250,17 @@ class DistributedFunction(Generic[P, R]):
     def start(self, *args: P.args, **kwargs: P.kwargs) -> RunHandle[R]:
         """Start the ranks and return at once: a :class:`RunHandle` (``result()``,
         ``cancel()``, ``status`` ...). Runs started at once get disjoint devices; one that
-        finds too few free waits in a queue (status ``queued``) until others end. One
-        attempt: ``max_retries`` is ``.distributed``'s."""
-        return self._start(Call(), *args, **kwargs)
+        finds too few free waits in a queue (status ``queued``) until others end. With
+        ``max_retries`` a crashed attempt is started again (a new run) as ``.distributed``
+        would, and the handle follows it: ``result()`` is the last attempt's."""
+        return self._start_call(args, kwargs)
 
     def map(self, items: Iterable[Any]) -> list[RunHandle[R]]:
         """Start one run per item (a dict of keyword arguments, a tuple of positional ones, or
         a single argument) and return their handles in item order, at once. Every item is
         pickled first: one that cannot be raises before any run starts. Each handle is one
-        attempt, as ``start``'s; ``serverless_gpu.sweep`` retries trials (``max_retries``)."""
+        call, as ``start``'s: with ``max_retries`` a crashed item is started again and its
+        handle follows the new attempt."""
         calls = [trial_arguments(item) for item in items]
         limit = max_payload_bytes(self.config.max_payload_bytes)
         payloads = []
@@ -267,15 +271,33 @@ class DistributedFunction(Generic[P, R]):
                 add_note(exc, f"(item {i} of the map; no run of the map was started)")
                 raise
         return [
-            self._start_with(Call(), args, kwargs, i, payload)
+            self._start_call(args, kwargs, i, payload)
             for i, ((args, kwargs), payload) in enumerate(zip(calls, payloads, strict=True))
         ]
 
-    def start_trial(self, trial: int, item: Any, call: Call | None = None) -> RunHandle[R]:
-        """Start item number ``trial`` of a sweep (``map``, ``sweep``): its arguments become
-        the run's ``params``; ``call``: the item's call when this is a retry (``sweep``)."""
+    def _start_call(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        trial: int | None = None,
+        payload: bytes | None = None,
+    ) -> RunHandle[R]:
+        """One call, started: its run's handle, or with ``max_retries`` a handle that starts
+        a crashed attempt again and follows it (``retrying.py``)."""
+        cfg = self.config
+        if cfg.max_retries == 0:
+            return self._start_with(Call(), args, kwargs, trial, payload)
+
+        def attempt(call: Call) -> RunHandle[R]:
+            return self._start_with(call, args, kwargs, trial, payload)
+
+        return RetryingHandle(Call(max_retries=cfg.max_retries), cfg.retry_on, attempt)
+
+    def start_trial(self, trial: int, item: Any) -> RunHandle[R]:
+        """Start item number ``trial`` of a sweep (``sweep``) as one call, as ``map`` does:
+        its arguments become the run's ``params``."""
         args, kwargs = trial_arguments(item)
-        return self._start_with(call or Call(), args, kwargs, trial)
+        return self._start_call(args, kwargs, trial)
 
     def _start(self, call: Call, *args: Any, **kwargs: Any) -> RunHandle[R]:
         return self._start_with(call, args, kwargs)
@@ -332,15 +354,6 @@ def _interrupted(handle: RunHandle[Any], cfg: DistributedConfig) -> None:
     except KeyboardInterrupt:
         handle.cancel("interrupted twice (KeyboardInterrupt in the caller)", force=True)
         handle.wait(_INTERRUPT_WAIT_S)
-
-
-def say_retrying(failed: FailedAttempt, call: Call) -> None:
-    print(
-        f"serverless_gpu: attempt {failed.number} failed ({failed.cause}); starting attempt "
-        f"{call.attempt} of {call.max_retries} (runtime.attempt() tells the ranks)",
-        file=sys.stderr,
-        flush=True,
-    )
 
 
 def _placement(cfg: DistributedConfig) -> Placement:

@@ -21,6 +21,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from . import finisher
@@ -229,11 +230,7 @@ class RunHandle(Generic[R]):
         """The ranks' return values in rank order, or the root-cause exception raised."""
         __tracebackhide__ = True  # IPython and pytest hide this frame in tracebacks
         if not self._wait_as_reader(timeout):
-            raise WaitTimeoutError(
-                f"run {self.run_id} still running after waiting {timeout:g} s; it goes on "
-                "(call result() again to keep waiting, or cancel() to stop it)",
-                run_dir=self.run_dir,
-            )
+            raise still_running(self.run_id, timeout, self.run_dir)
         values, error = self._load_outcome()
         if error is not None:
             # Raised afresh each time: a second result() call must not show the first's frames.
@@ -324,6 +321,15 @@ class RunHandle(Generic[R]):
             return result, None
         except Exception as exc:  # a broken result file must still end the call with an error
             return None, exc
+
+
+def still_running(run_id: str, timeout: float | None, run_dir: Path) -> WaitTimeoutError:
+    """What ``result(timeout)`` raises when the run outlives the wait."""
+    return WaitTimeoutError(
+        f"run {run_id} still running after waiting {timeout:g} s; it goes on "
+        "(call result() again to keep waiting, or cancel() to stop it)",
+        run_dir=run_dir,
+    )
 
 
 def check_timeout(timeout: float | None) -> None:

@@ -12,6 +12,7 @@ with ``runtime.attempt()`` and resume from ``serverless_gpu.data.latest_checkpoi
 from __future__ import annotations
 
 import secrets
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,3 +112,12 @@ def attempts_note(attempts: list[FailedAttempt]) -> str:
 def add_note(exc: BaseException, note: str) -> None:
     if hasattr(exc, "add_note"):
         exc.add_note(note)
+
+
+def say_retrying(failed: FailedAttempt, call: Call) -> None:
+    print(
+        f"serverless_gpu: attempt {failed.number} failed ({failed.cause}); starting attempt "
+        f"{call.attempt} of {call.max_retries} (runtime.attempt() tells the ranks)",
+        file=sys.stderr,
+        flush=True,
+    )

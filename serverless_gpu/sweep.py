@@ -16,11 +16,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .completion import as_completed
-from .decorator import DistributedFunction, say_retrying
-from .errors import CancelledError, WaitTimeoutError
+from .decorator import DistributedFunction
+from .errors import WaitTimeoutError
 from .handle import RunHandle, check_timeout, deadline_of
 from .results import RunResult
-from .retries import Call, FailedAttempt, add_note, attempts_note, failed_attempt, retryable
 
 
 def sweep(
@@ -58,7 +57,6 @@ def sweep(
             _outcome(handles[i]) if i in handles else WaitTimeoutError(f"not started: {late}")
             for i in range(len(items))
         ]
-        trials.end_calls(outcomes)
         if parent is not None:
             _summarise(parent, outcomes)
     return outcomes
@@ -66,8 +64,9 @@ def sweep(
 
 class _Trials:
     """The sweep's trials, started in item order, never more than ``limit`` unfinished at
-    once. Each item is one call: a failed attempt is started again as ``.distributed()``
-    would (the decorator's ``max_retries`` and ``retry_on``)."""
+    once. Each item is one call: its handle starts a failed attempt again as ``.distributed()``
+    would (the decorator's ``max_retries`` and ``retry_on``; ``retrying.py``) and is done once
+    the last attempt has ended."""
 
     def __init__(
         self,
@@ -78,49 +77,23 @@ class _Trials:
     ) -> None:
         self.fn, self.items, self.limit, self.deadline = fn, items, limit, deadline
         self.handles: dict[int, RunHandle[Any]] = {}
-        """The latest attempt of each item started."""
-        self.calls: dict[int, Call] = {}
-        self._failed: dict[int, list[FailedAttempt]] = {}
-        self._running: dict[RunHandle[Any], int] = {}
+        """The handle of each item started."""
+        self._running: set[RunHandle[Any]] = set()
 
     def run(self) -> None:
         for i in range(len(self.items)):
             while len(self._running) >= self.limit:
                 self._reap()
-            self._start(i)
+            handle = self.fn.start_trial(i, self.items[i])
+            self.handles[i] = handle
+            self._running.add(handle)
         while self._running:
             self._reap()
 
-    def _start(self, i: int) -> None:
-        call = self.calls.setdefault(i, Call(max_retries=self.fn.config.max_retries))
-        handle = self.fn.start_trial(i, self.items[i], call)
-        self.handles[i] = handle
-        self._running[handle] = i
-
     def _reap(self) -> None:
-        """Wait for one unfinished attempt to end; start the item again if its call may."""
+        """Wait for one unfinished trial to end (its last attempt)."""
         remaining = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-        ended = next(as_completed(list(self._running), remaining))
-        i = self._running.pop(ended)
-        error = _outcome(ended)
-        if not isinstance(error, BaseException):
-            return
-        call, failed = self.calls[i], self._failed.setdefault(i, [])
-        failed.append(failed_attempt(call.attempt, error))
-        if call.attempt < call.max_retries and retryable(error, self.fn.config.retry_on):
-            call.attempt += 1
-            say_retrying(failed[-1], call)
-            self._start(i)
-        elif len(failed) > 1:
-            add_note(error, attempts_note(failed))
-
-    def end_calls(self, outcomes: list[RunResult[Any] | BaseException]) -> None:
-        for i, call in self.calls.items():
-            outcome = outcomes[i]
-            if isinstance(outcome, CancelledError):
-                call.end("cancelled")
-            else:
-                call.end("failed" if isinstance(outcome, BaseException) else "succeeded")
+        self._running.remove(next(as_completed(list(self._running), remaining)))
 
 
 def _outcome(handle: RunHandle[Any]) -> RunResult[Any] | BaseException:

@@ -20,7 +20,7 @@ from eventually import eventually
 
 import serverless_gpu
 from serverless_gpu import distributed
-from serverless_gpu.events import RunStatus
+from serverless_gpu.events import RunFinished, RunStatus
 from serverless_gpu.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV
 from serverless_gpu.runrecord import read_record
 
@@ -217,3 +217,86 @@ def test_sweep_trials_honour_max_retries(capsys: pytest.CaptureFixture[str]) -> 
         [("c", 1)],
     ]
     assert capsys.readouterr().err.count("starting attempt 1 of 1") == 3
+
+
+def crash_first_attempt_if(tag: str, crash: bool) -> tuple[str, int]:
+    """Killed on attempt 0 when ``crash`` (a crash: retried); the item and the attempt number."""
+    from serverless_gpu import runtime
+
+    if crash and runtime.attempt() == 0:
+        os._exit(3)
+    return tag, runtime.attempt()
+
+
+_CRASHES = [("a", False), ("b", True), ("c", False)]
+
+
+def _crashing(max_retries: int) -> serverless_gpu.DistributedFunction[..., tuple[str, int]]:
+    return distributed(
+        gpus=1, max_retries=max_retries, tracking=False, standby=False, output="none"
+    )(crash_first_attempt_if)
+
+
+def test_map_handles_follow_a_retried_item_to_its_last_attempt(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    handles = _crashing(1).map(_CRASHES)
+    first_run = handles[1].run_id
+    seen: list[RunStatus] = []
+    handles[1].subscribe(lambda e: seen.append(e.status) if isinstance(e, RunFinished) else None)
+    assert [list(h.result(_WAIT_S)) for h in handles] == [[("a", 0)], [("b", 1)], [("c", 0)]]
+    assert handles[1].run_id != first_run  # the attempt that succeeded is a run of its own
+    assert handles[1].status is RunStatus.SUCCEEDED and handles[1].done()
+    assert seen == [RunStatus.FAILED, RunStatus.SUCCEEDED]  # a subscriber follows the retry
+    err = capsys.readouterr().err
+    assert err.count("starting attempt 1 of 1") == 1, err
+
+
+def test_without_max_retries_a_map_item_crash_is_its_error() -> None:
+    handles = _crashing(0).map(_CRASHES)
+    with pytest.raises(serverless_gpu.RankFailedError, match="exited with code 3"):
+        handles[1].result(_WAIT_S)
+    assert [list(handles[i].result(_WAIT_S)) for i in (0, 2)] == [[("a", 0)], [("c", 0)]]
+
+
+def test_as_completed_yields_a_retrying_map_handle_once_after_its_last_attempt() -> None:
+    handles = _crashing(1).map(_CRASHES)
+    yielded = list(serverless_gpu.as_completed(handles, _WAIT_S))
+    assert sorted(map(id, yielded)) == sorted(map(id, handles))
+    assert [h.status for h in yielded] == [RunStatus.SUCCEEDED] * 3
+    assert sorted(h.result(0)[0] for h in yielded) == [("a", 0), ("b", 1), ("c", 0)]
+    done, not_done = serverless_gpu.wait(handles, 0)
+    assert len(done) == 3 and not not_done
+
+
+def test_a_map_handle_retries_no_plain_exception_and_no_cancel(tmp_path: Path) -> None:
+    from recovery_fns import resets_signals, value_error
+
+    failing = distributed(gpus=1, max_retries=2, tracking=False, standby=False, output="none")
+    (tmp_path / "raises").mkdir()
+    (raising,) = failing(value_error).map([str(tmp_path / "raises")])
+    with pytest.raises(ValueError, match="bad labels"):
+        raising.result(_WAIT_S)
+    assert [p.name.split("_")[1] for p in (tmp_path / "raises").iterdir()] == ["0"]
+    (tmp_path / "named").mkdir()
+    named = failing(value_error).with_overrides(max_retries=1, retry_on=(ValueError,))
+    with pytest.raises(ValueError) as info:
+        named.map([str(tmp_path / "named")])[0].result(_WAIT_S)
+    assert sorted(p.name.split("_")[1] for p in (tmp_path / "named").iterdir()) == ["0", "1"]
+    assert "the call was attempted 2 times:" in "\n".join(info.value.__notes__)
+    (tmp_path / "cancels").mkdir()
+    (working,) = failing(resets_signals).map([(str(tmp_path / "cancels"), [], 120)])
+    eventually(lambda: "ready" in working.logs(0), "the rank works", _WAIT_S)
+    working.cancel()
+    with pytest.raises(serverless_gpu.CancelledError):
+        working.result(_WAIT_S)
+    assert working.status is RunStatus.CANCELLED
+    assert [p.name.split("_")[1] for p in (tmp_path / "cancels").iterdir()] == ["0"]
+
+
+def test_a_started_call_is_retried_while_nobody_waits_on_it() -> None:
+    handle = _crashing(1).start("b", True)
+    first_run = handle.run_id
+    eventually(lambda: handle.status is RunStatus.SUCCEEDED, "the retry succeeded", _WAIT_S)
+    assert handle.run_id != first_run
+    assert list(handle.result(0)) == [("b", 1)]
