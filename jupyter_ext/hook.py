@@ -60,7 +60,7 @@ def render_run(ctx: RunContext) -> Renderer | None:
             trial = "trial" in ctx.metadata  # fn.map / a sweep: one table for the cell's runs
             renderer = WidgetRenderer(ctx, shell, show=not trial)
             if trial:
-                _table_for(shell).add(ctx, renderer.widget)
+                _table_for(shell).add(ctx, renderer)
             else:
                 _unwaited.append(ctx)
         except Exception as exc:  # a display problem must not stop the run: show it as text
@@ -90,6 +90,12 @@ def _table_for(shell: Any) -> Any:
             _tables.pop(next(iter(_tables)))
     table.follow()
     return table
+
+
+def shut_down_tables() -> None:
+    """The kernel is going away: every table still drawn leaves its record (bounded)."""
+    for table in list(_tables.values()):
+        table.shut_down()
 
 
 def follow_unfinished(*_: Any) -> None:
