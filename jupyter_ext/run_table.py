@@ -39,6 +39,8 @@ _MAX_POLL_S = 7 * 24 * 3600.0
 SHUTDOWN_WAIT_S = 5.0
 """At kernel shutdown, how long the table waits for its runs to report their end."""
 CANCEL_REASON = "cancelled from the notebook table"
+ORPHANED = "unfinished"
+"""A trial's status in a record left at kernel shutdown before its run reported its end."""
 
 _ESM = r"""
 function render({ model, el }) {
@@ -55,7 +57,7 @@ function render({ model, el }) {
   live.className = "sgpu-sr";
   live.setAttribute("aria-live", "polite");
   el.append(bar, body, live);
-  let column = null, direction = 1;
+  let column = null, direction = 1, drawnHead = null;
 
   const key = (row) => row.cells[column] ? row.cells[column].dataset.sort || "" : "";
   const compare = (a, b) => {
@@ -75,8 +77,37 @@ function render({ model, el }) {
       if (b) b.dataset.arrow = on ? (direction > 0 ? "\u25b2" : "\u25bc") : "";
     });
   };
+  // Patched cell by cell, not replaced: a button under the pointer stays the same element
+  // while the clocks tick (a click needs its press and release on one element).
+  const patch = (html) => {
+    const next = document.createElement("template");
+    next.innerHTML = html;
+    const table = next.content.querySelector("table");
+    const old = body.querySelector("table");
+    const head = table ? table.tHead.innerHTML : "";
+    if (!table || !old || head !== drawnHead) {
+      drawnHead = head;  // as drawn, before sorting marks the headers
+      body.replaceChildren(...next.content.childNodes);
+      return;
+    }
+    const rows = new Map([...old.tBodies[0].rows].map((row) => [row.dataset.trial, row]));
+    for (const row of [...table.tBodies[0].rows]) {
+      const have = rows.get(row.dataset.trial);
+      rows.delete(row.dataset.trial);
+      if (!have || have.cells.length !== row.cells.length) {
+        if (have) have.replaceWith(row); else old.tBodies[0].append(row);
+        continue;
+      }
+      for (const name of row.getAttributeNames()) have.setAttribute(name, row.getAttribute(name));
+      if (!row.hasAttribute("data-best")) have.removeAttribute("data-best");
+      [...row.cells].forEach((cell, i) => {
+        if (have.cells[i].outerHTML !== cell.outerHTML) have.cells[i].replaceWith(cell);
+      });
+    }
+    rows.forEach((row) => row.remove());
+  };
   const draw = () => {
-    body.innerHTML = model.get("html");
+    patch(model.get("html"));
     heading.innerHTML = model.get("heading");
     const ended = model.get("ended"), stopping = model.get("cancelling_all");
     all.disabled = ended || stopping;
@@ -155,6 +186,8 @@ class TrialRow:
         self.cancels_sent = 0
         self.outcome = ""
         """The result or error text, once the run has ended and it was read."""
+        self.orphaned = False
+        """The kernel shut down before the run reported its end."""
 
     @property
     def trial(self) -> int:
@@ -172,6 +205,8 @@ class TrialRow:
         view, handle = self.view, self.handle
         if view.done:
             return view.status.value
+        if self.orphaned:
+            return ORPHANED
         if self.cancels_wanted:
             return "cancelling"
         if view.status is RunStatus.PENDING:
@@ -203,9 +238,14 @@ class TrialRow:
             ran=ran,
             metric=latest[0] if latest else None,
             history=history,
-            outcome=self.outcome if self.finished else self.view.progress_line(),
+            outcome=self.outcome if self.finished else self._progress(),
             link=self.ctx.links.get("mlflow", ""),
         )
+
+    def _progress(self) -> str:
+        if self.orphaned:
+            return "the kernel shut down before the run reported its end"
+        return self.view.progress_line()
 
     # -- the poll thread ------------------------------------------------------------------
 
@@ -275,9 +315,12 @@ class RunTable:
 
     # -- what is drawn --------------------------------------------------------------------
 
-    def state(self, *, details: bool = False) -> table_view.TableState:
+    def _rows(self) -> list[TrialRow]:
         with self._lock:
-            rows = list(self.rows)
+            return list(self.rows)
+
+    def state(self, *, details: bool = False) -> table_view.TableState:
+        rows = self._rows()
         metric = key_metric(name for row in rows for name in row.metrics.values)
         now = time.time()
         return table_view.TableState(
@@ -329,9 +372,7 @@ class RunTable:
 
     def cancel(self, trial: int | None = None) -> None:
         """Cancel one trial (or every unfinished one); the poll thread sends it."""
-        with self._lock:
-            rows = [r for r in self.rows if trial is None or r.trial == trial]
-        for row in rows:
+        for row in [r for r in self._rows() if trial is None or r.trial == trial]:
             if not row.finished:
                 row.cancels_wanted += 1
         if trial is None:
@@ -372,8 +413,7 @@ class RunTable:
 
     def pump(self) -> bool:
         """One round: every run's events and clicks, then a redraw; True once all ended."""
-        with self._lock:
-            rows = list(self.rows)
+        rows = self._rows()
         with self._pump_lock:
             for row in rows:
                 row.pump()
@@ -393,7 +433,10 @@ class RunTable:
             if self._display is not None:
                 bundle = {"text/html": self.record, "text/plain": table_view.table_text(state)}
                 self._display.update(bundle, raw=True)
-                _close(self.widget)  # replaced by the record: its models are shown nowhere now
+                # Replaced by the record: its models, and every trial's, are shown nowhere now.
+                _close(self.widget)
+                for row in self._rows():
+                    _close(row.renderer.widget)
 
     def shut_down(self, timeout: float = SHUTDOWN_WAIT_S) -> None:
         """The kernel is going away: wait (bounded) for the runs to report their end, then
@@ -403,6 +446,8 @@ class RunTable:
             if self.pump():
                 break
             time.sleep(POLL_S / 5)
+        for row in self._rows():
+            row.orphaned = not row.finished
         self.finish()
 
 

@@ -15,6 +15,8 @@ from serverless_gpu.tracking import LatestMetrics
 
 KEEP_POINTS = 120
 """Points kept per metric: beyond it every other point is dropped (the line keeps its shape)."""
+_FLAT = 1e-9
+"""A course whose range is below this fraction of its values is a flat line."""
 _LOWER_IS_BETTER = ("loss", "err", "mse", "mae", "perplexity", "ppl", "wer", "cer")
 
 
@@ -72,9 +74,12 @@ def sparkline_svg(
     if not points:
         return ""
     low, high = min(points), max(points)
-    span = (high - low) or 1.0
+    span = high - low
     step = (width - 4) / max(1, len(points) - 1)
-    xy = [(2 + i * step, 2 + (height - 4) * (1 - (v - low) / span)) for i, v in enumerate(points)]
+    if span <= _FLAT * max(abs(low), abs(high)):  # flat but for rounding: drawn flat
+        xy = [(2 + i * step, height / 2) for i in range(len(points))]
+    else:
+        xy = [(2 + i * step, 2 + (height - 4) * (high - v) / span) for i, v in enumerate(points)]
     line = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
     last_x, last_y = xy[-1]
     title = html.escape(label)

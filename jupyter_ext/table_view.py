@@ -19,14 +19,27 @@ from .formatting import seconds
 from .html_view import badge
 from .sparkline import best_index, sparkline_svg
 
-_CELL = "padding:2px 12px 2px 0;vertical-align:top;white-space:nowrap"
+_CELL = "text-align:left;padding:2px 12px 2px 0;vertical-align:top;white-space:nowrap"
 _NUM = ";text-align:right;font-variant-numeric:tabular-nums"
+_WIDE = ";max-width:32em;overflow:hidden;text-overflow:ellipsis"
 _HEAD = "text-align:left;padding:2px 12px 2px 0;border-bottom:1px solid #8884;white-space:nowrap"
 _MUTED = "color:#6e7781"
 _BEST = "#1a7f37"
 _OUTCOME_CHARS = 80
 _PARAM_CHARS = 24
 STATUS_WORDS = {"pending": "starting", "timed_out": "timed out"}
+_ORDER = [
+    "queued",
+    "starting",
+    "running",
+    "cancelling",
+    "succeeded",
+    "failed",
+    "timed out",
+    "cancelled",
+    "unfinished",
+]
+"""Statuses in the summary, in lifecycle order."""
 HEAD_TITLES = {
     "queued": "From the call until the ranks started: the queue for devices, the launcher, "
     "the MLflow run",
@@ -42,7 +55,8 @@ class TrialLine:
     trial: int
     params: dict[str, str]
     status: str
-    """A ``RunStatus`` value, ``starting``, or ``cancelling``."""
+    """A ``RunStatus`` value, ``starting``, ``cancelling``, or ``unfinished`` (the kernel shut
+    down first)."""
     finished: bool
     queued: float | None
     ran: float | None
@@ -148,7 +162,8 @@ def status_word(status: str) -> str:
 def summary_text(state: TableState) -> str:
     """``6 trials: 4 succeeded, 1 failed, 1 running``."""
     counts = Counter(status_word(line.status) for line in state.lines)
-    parts = ", ".join(f"{n} {word}" for word, n in counts.items())
+    ordered = sorted(counts, key=lambda word: _ORDER.index(word) if word in _ORDER else 99)
+    parts = ", ".join(f"{counts[word]} {word}" for word in ordered)
     total = len(state.lines)
     return f"{total} trial{'s' if total != 1 else ''}: {parts}" if parts else "no trials yet"
 
@@ -165,6 +180,8 @@ class Cell:
     html: str = ""
     numeric: bool = False
     title: str = ""
+    wide: bool = False
+    """Text that may be long (an error): cut at the cell's width, whole in its tooltip."""
 
 
 def cells(state: TableState, index: int) -> list[Cell]:
@@ -181,7 +198,7 @@ def cells(state: TableState, index: int) -> list[Cell]:
     row.append(_seconds(line.ran))
     if state.metric:
         row.append(_metric_cell(state, line, best))
-    row.append(Cell(line.outcome, line.outcome, _outcome_html(line), title=line.outcome))
+    row.append(Cell(line.outcome, line.outcome, _outcome_html(line), title=line.outcome, wide=True))
     if "MLflow" in state.columns():
         row.append(_link_cell(line.link))
     return row
@@ -274,7 +291,7 @@ def _head(index: int, name: str, live: bool) -> str:
 
 
 def _td(cell: Cell) -> str:
-    style = _CELL + (_NUM if cell.numeric else "")
+    style = _CELL + (_NUM if cell.numeric else "") + (_WIDE if cell.wide else "")
     title = f' title="{html.escape(cell.title)}"' if cell.title else ""
     body = cell.html or html.escape(cell.text)
     return f'<td data-sort="{html.escape(cell.sort)}" style="{style}"{title}>{body}</td>'
@@ -294,11 +311,12 @@ def _actions(line: TrialLine, open_trial: int | None) -> str:
 
 
 def heading_html(state: TableState) -> str:
-    """Name, counts and the sweep's parent MLflow run."""
+    """Name, counts and the parent MLflow run (a sweep's own run, or the run active when the
+    trials started)."""
     parent = (
         f' &middot; <a class="sgpu-parent-run" href="{html.escape(state.parent_link)}" '
         'target="_blank" rel="noopener" style="color:#1f6feb;text-decoration:underline">'
-        "sweep's MLflow run &#8599;</a>"
+        "parent MLflow run &#8599;</a>"
         if state.parent_link
         else ""
     )
@@ -334,7 +352,7 @@ def table_text(state: TableState) -> str:
     """Heading and an aligned plain-text table (text-only clients, nbconvert, GitHub)."""
     heading = f"{state.name}: {summary_text(state)}"
     if state.parent_link:
-        heading += f" | sweep's MLflow run: {state.parent_link}"
+        heading += f" | parent MLflow run: {state.parent_link}"
     rows = [state.columns()] + [
         [cell.text for cell in cells(state, i)] for i in range(len(state.lines))
     ]

@@ -5,13 +5,15 @@ no widget) in the saved notebook once its runs end; per-run Cancel and Cancel al
 
 from __future__ import annotations
 
+import queue
 import re
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
-from jupyter_helpers import ANSI
+from eventually import eventually
+from jupyter_helpers import ANSI, Kernel
 from nbclient import NotebookClient
 
 pytestmark = pytest.mark.timeout(240)
@@ -132,3 +134,51 @@ def test_map_table_background_poll_cancel_and_async_magic(tmp_path: Path) -> Non
     assert record["text/html"].count('data-status="cancelled"') == 3, record["text/html"]
     assert not _text(started).strip() or "Error" not in _text(started)
     assert "RunHandle 42 succeeded" in _text(bound), _text(bound)
+
+
+LONG_TRIALS = """\
+import os
+os.environ["SERVERLESS_GPU_CPU_SLOTS"] = "2"
+from serverless_gpu import distributed
+
+@distributed(gpus=1, gpu_type="cpu", tracking=False, standby=False)
+def wait(seconds: float) -> float:
+    import time
+    time.sleep(seconds)
+    return seconds
+
+handles = wait.map([600.0, 600.0])
+import time
+deadline = time.time() + 60
+while any(h.status.value != "running" for h in handles) and time.time() < deadline:
+    time.sleep(0.1)
+print("statuses", [h.status.value for h in handles])
+"""
+
+
+def _table_update(kernel: Kernel) -> dict[str, Any] | None:
+    """The next IOPub message, when it is a display update carrying a runs table's record."""
+    try:
+        msg = kernel.client.get_iopub_msg(timeout=0.2)
+    except queue.Empty:
+        return None
+    data = msg["content"].get("data", {}) if msg["msg_type"] == "update_display_data" else {}
+    return dict(data) if "sgpu-table-record" in data.get("text/html", "") else None
+
+
+def test_kernel_shutdown_leaves_the_tables_record(kernel: Kernel) -> None:
+    """A kernel asked to shut down (or restart) while trials run still sends each table's
+    record, for a client that listens until the kernel is gone (nbclient, a notebook saved by
+    the server)."""
+    out = kernel.run(LONG_TRIALS)
+    assert "statuses ['running', 'running']" in out.all_text, out.all_text
+    kernel.client.shutdown(restart=True)
+    data = eventually(lambda: _table_update(kernel), "the table's record at shutdown", 30)
+    assert set(data) == {"text/html", "text/plain"}, data.keys()
+    assert data["text/html"].count('class="sgpu-trial-row"') == 2, data["text/html"]
+    lines = data["text/plain"].splitlines()
+    # Stopped with the launcher; on a loaded machine the runs may not report their end within
+    # the bounded wait, and the record says so.
+    assert lines[0] in ("wait: 2 trials: 2 cancelled", "wait: 2 trials: 2 unfinished"), lines
+    ends = ("the launcher is shutting down", "the kernel shut down before the run reported")
+    assert all(any(end in line for end in ends) for line in lines[2:]), lines

@@ -118,6 +118,10 @@ def test_key_metric_sparkline_and_best_trial() -> None:
     points = re.search(r'points="([^"]+)"', svg)
     assert points is not None and len(points.group(1).split()) == 3
     assert 'aria-label="loss"' in svg and sparkline_svg([]) == ""
+    flat = sparkline_svg([1.0, 1.0 - 3e-16, 1.0 - 6e-16, 1.0], height=10)  # rounding only
+    ys = {xy.split(",")[1] for xy in re.findall(r'points="([^"]+)"', flat)[0].split()}
+    assert ys == {"5.0"}, flat
+    assert 'points="2.0,5.0"' in sparkline_svg([0.0], height=10)
 
 
 def test_metric_trail_keeps_rank_zero_points_bounded() -> None:
@@ -198,3 +202,19 @@ def test_cancel_one_then_all(table: run_table.RunTable) -> None:
     eventually(lambda: table.record, "the table's record")
     assert [h.status.value for h in handles] == ["cancelled"] * 3
     assert table.table.ended and table.record.count('data-status="cancelled"') == 3
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.timeout(120)
+def test_shutdown_record_names_trials_that_never_reported_their_end(
+    table: run_table.RunTable,
+) -> None:
+    handles = step.map([(600.0,)])
+    try:
+        table.shut_down(timeout=0)  # the runs go on: nothing stopped them
+        assert 'data-status="unfinished"' in table.record, table.record
+        assert "the kernel shut down before the run reported its end" in table.text()
+    finally:
+        for handle in handles:
+            handle.cancel("the test is over")
+            handle.wait(60)
