@@ -252,7 +252,9 @@ class TrialRow:
     def pump(self) -> None:
         """Dispatch the run's events; act on Cancel clicks; read the outcome once it ended."""
         handle = self.handle
-        if handle is None:
+        if handle is None:  # not started yet, or the call failed before its run started
+            if self.view.done and not self.outcome:
+                self.outcome = self.view.message
             return
         if not self.subscribed:
             handle.subscribe(self.metrics.update)

@@ -69,7 +69,8 @@ def sparkline_svg(
     label: str = "",
 ) -> str:
     """``values`` as a line ``width`` x ``height`` px, its last point a dot; empty for none.
-    ``label`` is the SVG's accessible name and tooltip."""
+    ``label`` is the SVG's accessible name and tooltip. (``max-width:none``: JupyterLab's
+    ``max-width:100%`` on an SVG would let a table column shrink below it.)"""
     points = [v for v in values if math.isfinite(v)]
     if not points:
         return ""
@@ -85,7 +86,7 @@ def sparkline_svg(
     title = html.escape(label)
     return (
         f'<svg class="sgpu-spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        f'role="img" aria-label="{title}" style="vertical-align:middle">'
+        f'role="img" aria-label="{title}" style="vertical-align:middle;max-width:none">'
         f"<title>{title}</title>"
         f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="1.5" '
         f'stroke-linejoin="round"/>'

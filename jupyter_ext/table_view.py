@@ -19,9 +19,11 @@ from .formatting import seconds
 from .html_view import badge
 from .sparkline import best_index, sparkline_svg
 
+_TABLE = "table-layout:auto;margin:0;border-collapse:collapse;font-size:12px;line-height:1.5"
+"""Set here, not left to JupyterLab's rendered-HTML style (fixed layout, centred)."""
 _CELL = "text-align:left;padding:2px 12px 2px 0;vertical-align:top;white-space:nowrap"
 _NUM = ";text-align:right;font-variant-numeric:tabular-nums"
-_WIDE = ";max-width:32em;overflow:hidden;text-overflow:ellipsis"
+_WIDE = ";max-width:26em;overflow:hidden;text-overflow:ellipsis"
 _HEAD = "text-align:left;padding:2px 12px 2px 0;border-bottom:1px solid #8884;white-space:nowrap"
 _MUTED = "color:#6e7781"
 _BEST = "#1a7f37"
@@ -272,8 +274,7 @@ def table_html(state: TableState, *, live: bool = False, open_trial: int | None 
             f'data-status="{html.escape(line.status)}"{best}>{"".join(tds)}</tr>'
         )
     return (
-        '<table class="sgpu-runs" style="border-collapse:collapse;font-size:12px;'
-        f'line-height:1.5"><thead><tr>{"".join(heads)}</tr></thead>'
+        f'<table class="sgpu-runs" style="{_TABLE}"><thead><tr>{"".join(heads)}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
 
@@ -337,7 +338,8 @@ def record_html(state: TableState) -> str:
     )
     return (
         '<div class="sgpu-table-record" style="line-height:1.6">'
-        f"<div>{heading_html(state)}</div>{table_html(state)}{folded}</div>"
+        f'<div>{heading_html(state)}</div><div style="overflow-x:auto">{table_html(state)}</div>'
+        f"{folded}</div>"
     )
 
 

@@ -62,6 +62,8 @@ CELLS = [
     "max_concurrent=2)",
     # 2: long trials to cancel
     "more = fit.map([{'lr': 0.01, 'steps': 100_000}] * 3)",
+    # 3: trials still running when the kernel is shut down
+    "late = fit.map([{'lr': 0.01, 'steps': 100_000}] * 2)",
 ]
 COLUMNS = ["trial", "lr", "status", "queued", "run time", "loss", "result / error", "MLflow"]
 
@@ -103,6 +105,7 @@ def test_runs_table_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             evidence = tmp_path / "screenshots"  # not in the documentation
             evidence.mkdir(exist_ok=True)
             _restart_and_reload(page, evidence)
+            _shut_down(page)
             if importlib.util.find_spec("notebook") is not None:
                 _reopened_in_notebook7(browser, server, evidence)
             else:
@@ -220,11 +223,37 @@ def _restart_and_reload(page: Any, shots: Path) -> None:
     page.locator(".jp-Notebook").screenshot(path=str(shots / "runs-table-after-restart.png"))
 
 
-def _check_reopened(page: Any) -> None:
+def _shut_down(page: Any) -> None:
+    """Shut Down Kernel while trials run: the table leaves its record before the kernel goes
+    (a restart cannot: JupyterLab drops a restarting kernel's messages)."""
+    from playwright.sync_api import expect
+
+    _run_cell(page, 0)
+    _wait_idle(page, 120)
+    _run_cell(page, 3)
+    table = _table(page, 3)
+    expect(table.locator('tr[data-status="running"]')).to_have_count(2, timeout=120 * MS)
+    page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Shut Down Kernel")).click()
+    accept = page.locator(".jp-Dialog-button.jp-mod-accept")
+    if accept.count():
+        accept.click()
+    record = _cell(page, 3).locator(".sgpu-table-record")
+    expect(record).to_be_visible(timeout=30 * MS)
+    expect(record.locator("table.sgpu-runs tbody tr")).to_have_count(2)
+    expect(record.locator('tr[data-status="running"]')).to_have_count(0)
+    page.keyboard.press("Escape")
+    page.keyboard.press("Control+s")
+    expect(page.locator(".jp-mod-dirty")).to_have_count(0, timeout=10 * MS)
+    page.reload()
+    _check_reopened(page, tables=3)
+
+
+def _check_reopened(page: Any, tables: int = 2) -> None:
     from playwright.sync_api import expect
 
     records = page.locator(".sgpu-table-record")
-    expect(records).to_have_count(2, timeout=30 * MS)
+    expect(records).to_have_count(tables, timeout=30 * MS)
     expect(records.nth(0).locator("table.sgpu-runs tbody tr")).to_have_count(4)
     expect(records.nth(0).locator('tr[data-best="true"] svg.sgpu-spark')).to_be_visible()
     expect(records.nth(1).locator('tr[data-status="cancelled"]')).to_have_count(3)
@@ -236,6 +265,6 @@ def _check_reopened(page: Any) -> None:
 def _reopened_in_notebook7(browser: Any, server: Any, shots: Path) -> None:
     page = browser.new_page(viewport={"width": 1300, "height": 1100})
     page.goto(f"{server.url}/notebooks/{NOTEBOOK}?token={server.token}")
-    _check_reopened(page)
+    _check_reopened(page, tables=3)
     page.screenshot(path=str(shots / "runs-table-notebook7.png"))
     page.close()
