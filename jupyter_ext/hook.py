@@ -11,6 +11,7 @@ viewers show. Terminal IPython gets the text renderer; ``SERVERLESS_GPU_DISPLAY`
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol
@@ -93,9 +94,13 @@ def _table_for(shell: Any) -> Any:
 
 
 def shut_down_tables() -> None:
-    """The kernel is going away: every table still drawn leaves its record (bounded)."""
+    """The kernel is going away: every table still drawn leaves its record, all of them within
+    one bounded wait for their runs to report their end."""
+    from .run_table import SHUTDOWN_WAIT_S
+
+    deadline = time.monotonic() + SHUTDOWN_WAIT_S
     for table in list(_tables.values()):
-        table.shut_down()
+        table.shut_down(max(0.0, deadline - time.monotonic()))
 
 
 def follow_unfinished(*_: Any) -> None:

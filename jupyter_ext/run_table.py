@@ -443,6 +443,8 @@ class RunTable:
     def shut_down(self, timeout: float = SHUTDOWN_WAIT_S) -> None:
         """The kernel is going away: wait (bounded) for the runs to report their end, then
         leave the record with what is known."""
+        if self.record:
+            return
         deadline = time.monotonic() + timeout
         while not self.record and time.monotonic() < deadline:
             if self.pump():
