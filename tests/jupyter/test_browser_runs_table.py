@@ -47,7 +47,7 @@ CELLS = [
     "from serverless_gpu import distributed\n"
     "\n"
     "@distributed(gpus=1, gpu_type='cpu', standby=False, timeout=300)\n"
-    "def fit(lr, steps=16):\n"
+    "def fit(lr, steps=40):\n"
     "    import time, mlflow\n"
     "    if lr < 0:\n"
     "        raise ValueError(f'learning rate {lr} is negative')\n"
@@ -161,7 +161,7 @@ def _check_sweep_record(record: Any) -> None:
     expect(best.locator(".sgpu-best")).to_be_visible()
     cells = record.locator('tr[data-trial="3"] td').all_inner_texts()
     assert cells[1] == "3.234e-16" and cells[2] == "succeeded", cells
-    expect(record.locator('tr[data-trial="1"] td').nth(6)).to_have_text("0.003323")  # 0.7 ** 16
+    expect(record.locator('tr[data-trial="1"] td').nth(6)).to_have_text("6.367e-07")  # 0.7 ** 40
     failed = record.locator('tr[data-trial="0"]')
     expect(failed).to_contain_text("ValueError: learning rate -1.0 is negative")
     expect(failed.locator("td").nth(2)).to_have_text("failed")
