@@ -11,6 +11,7 @@ viewers show. Terminal IPython gets the text renderer; ``SERVERLESS_GPU_DISPLAY`
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,7 +61,7 @@ def render_run(ctx: RunContext) -> Renderer | None:
             trial = "trial" in ctx.metadata  # fn.map / a sweep: one table for the cell's runs
             renderer = WidgetRenderer(ctx, shell, show=not trial)
             if trial:
-                _table_for(shell).add(ctx, renderer.widget)
+                _table_for(shell).add(ctx, renderer)
             else:
                 _unwaited.append(ctx)
         except Exception as exc:  # a display problem must not stop the run: show it as text
@@ -90,6 +91,16 @@ def _table_for(shell: Any) -> Any:
             _tables.pop(next(iter(_tables)))
     table.follow()
     return table
+
+
+def shut_down_tables() -> None:
+    """The kernel is going away: every table still drawn leaves its record, all of them within
+    one bounded wait for their runs to report their end."""
+    from .run_table import SHUTDOWN_WAIT_S
+
+    deadline = time.monotonic() + SHUTDOWN_WAIT_S
+    for table in list(_tables.values()):
+        table.shut_down(max(0.0, deadline - time.monotonic()))
 
 
 def follow_unfinished(*_: Any) -> None:

@@ -20,6 +20,7 @@ from .hook import (
     follow_unfinished,
     hooks_done,
     render_run,
+    shut_down_tables,
     widgets_wanted,
 )
 from .magics import DistributedMagics
@@ -99,3 +100,6 @@ def _stop_on_exit(change: dict[str, Any]) -> None:
         import serverless_gpu
 
         serverless_gpu.shutdown()
+        # The runs have ended (or will within seconds): each runs table leaves its record
+        # before the kernel exits, as a single run's widget does when its run ends.
+        shut_down_tables()

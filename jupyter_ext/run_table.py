@@ -1,132 +1,404 @@
-"""Runs started at once (``fn.map``, a sweep) as one table: trial, params, status, elapsed, result
-or last metric, MLflow link, Cancel per run and Cancel all; each row expands to the run's usual
-per-rank widget.
+"""Runs started at once (``fn.map``, a sweep) as one table, one row per trial, with sortable
+columns (``table_view.py`` draws them), a per-row Cancel, ``Cancel all``, and each trial's own
+run widget on demand under the table.
 
 The cell returns while the runs go on: a background thread polls the handles (which dispatches
-their events to the per-run widgets and trackers, one thread at a time per handle) and redraws
+their events to the per-run renderers and trackers, one thread at a time per handle) and redraws
 the table. ipywidgets may be updated from any thread: a comm message is sent on the kernel's
-IOPub thread. Widget clicks (Cancel) are handled by the kernel between cells; the poller never
-touches the kernel's shell socket (``uipoll.py`` does that, only in the main thread).
+IOPub thread. Clicks arrive as widget messages, handled by the kernel between cells (or by the
+UI pump of a cell that waits on the runs); the poll thread acts on them, so every call on a
+handle is made from that one thread.
+
+Once every trial has ended (and at kernel shutdown) the table leaves its record in the cell's
+output in place of the widget: static HTML and a text form, as a single run's widget does, so a
+saved notebook, nbconvert and GitHub show every trial's parameters and outcome.
 """
 
 from __future__ import annotations
 
-import html
+import sys
 import threading
 import time
 from typing import Any
 
+import anywidget
 import ipywidgets as widgets
-from IPython.display import display
+import traitlets
+from IPython.display import DisplayHandle, display
 
-from serverless_gpu.events import RankMessage, RunStatus
+from serverless_gpu.events import RunStatus
 from serverless_gpu.hooks import RunContext
+
+from . import html_view, table_view
+from .sparkline import MetricTrail, key_metric
+from .widget import RunWidget, WidgetRenderer, _close
 
 POLL_S = 0.25
 _MAX_POLL_S = 7 * 24 * 3600.0
 """A background poll ends after a week even if a run never reports its end."""
-_COLUMNS = ("trial", "params", "status", "elapsed", "result / last metric", "MLflow")
+SHUTDOWN_WAIT_S = 5.0
+"""At kernel shutdown, how long the table waits for its runs to report their end."""
 CANCEL_REASON = "cancelled from the notebook table"
+ORPHANED = "unfinished"
+"""A trial's status in a record left at kernel shutdown before its run reported its end."""
+
+_ESM = r"""
+function render({ model, el }) {
+  const bar = document.createElement("div");
+  bar.className = "sgpu-table-bar";
+  const heading = document.createElement("span");
+  const all = document.createElement("button");
+  all.className = "sgpu-cancel-all";
+  all.title = "Stop every trial of this table that has not ended";
+  bar.append(heading, all);
+  const body = document.createElement("div");
+  body.className = "sgpu-table-body";
+  const live = document.createElement("div");
+  live.className = "sgpu-sr";
+  live.setAttribute("aria-live", "polite");
+  el.append(bar, body, live);
+  let column = null, direction = 1, drawnHead = null;
+
+  const key = (row) => row.cells[column] ? row.cells[column].dataset.sort || "" : "";
+  const compare = (a, b) => {
+    const x = key(a), y = key(b), nx = parseFloat(x), ny = parseFloat(y);
+    if (x === "" || y === "") return (x === "") - (y === "");
+    if (!isNaN(nx) && !isNaN(ny)) return (nx - ny) * direction;
+    return x.localeCompare(y) * direction;
+  };
+  const sort = () => {
+    const tbody = body.querySelector("tbody");
+    if (!tbody || column === null) return;
+    [...tbody.rows].sort(compare).forEach((row) => tbody.append(row));
+    body.querySelectorAll("th[data-col]").forEach((th) => {
+      const on = Number(th.dataset.col) === column;
+      th.setAttribute("aria-sort", on ? (direction > 0 ? "ascending" : "descending") : "none");
+      const b = th.querySelector("button");
+      if (b) b.dataset.arrow = on ? (direction > 0 ? "\u25b2" : "\u25bc") : "";
+    });
+  };
+  // Patched cell by cell, not replaced: a button under the pointer stays the same element
+  // while the clocks tick (a click needs its press and release on one element).
+  const patch = (html) => {
+    const next = document.createElement("template");
+    next.innerHTML = html;
+    const table = next.content.querySelector("table");
+    const old = body.querySelector("table");
+    const head = table ? table.tHead.innerHTML : "";
+    if (!table || !old || head !== drawnHead) {
+      drawnHead = head;  // as drawn, before sorting marks the headers
+      body.replaceChildren(...next.content.childNodes);
+      return;
+    }
+    const rows = new Map([...old.tBodies[0].rows].map((row) => [row.dataset.trial, row]));
+    for (const row of [...table.tBodies[0].rows]) {
+      const have = rows.get(row.dataset.trial);
+      rows.delete(row.dataset.trial);
+      if (!have || have.cells.length !== row.cells.length) {
+        if (have) have.replaceWith(row); else old.tBodies[0].append(row);
+        continue;
+      }
+      for (const name of row.getAttributeNames()) have.setAttribute(name, row.getAttribute(name));
+      if (!row.hasAttribute("data-best")) have.removeAttribute("data-best");
+      [...row.cells].forEach((cell, i) => {
+        if (have.cells[i].outerHTML !== cell.outerHTML) have.cells[i].replaceWith(cell);
+      });
+    }
+    rows.forEach((row) => row.remove());
+  };
+  const draw = () => {
+    patch(model.get("html"));
+    heading.innerHTML = model.get("heading");
+    const ended = model.get("ended"), stopping = model.get("cancelling_all");
+    all.disabled = ended || stopping;
+    all.textContent = ended ? "All ended" : stopping ? "Cancelling all\u2026" : "Cancel all";
+    live.textContent = model.get("announce");
+    sort();
+  };
+  body.addEventListener("click", (event) => {
+    const head = event.target.closest("button.sgpu-sort");
+    if (head) {
+      const col = Number(head.dataset.col);
+      direction = column === col ? -direction : 1;
+      column = col;
+      sort();
+      return;
+    }
+    const action = event.target.closest("button[data-action]");
+    if (!action || action.disabled) return;
+    if (action.dataset.action === "cancel") {
+      action.disabled = true;
+      action.textContent = "Cancelling\u2026";
+    }
+    model.send({ type: action.dataset.action, trial: Number(action.dataset.trial) });
+  });
+  all.addEventListener("click", () => {
+    all.disabled = true;
+    all.textContent = "Cancelling all\u2026";
+    model.send({ type: "cancel_all" });
+  });
+  const names = ["change:html", "change:heading", "change:ended", "change:cancelling_all"];
+  names.forEach((name) => model.on(name, draw));
+  draw();
+  return () => names.forEach((name) => model.off(name, draw));
+}
+export default { render };
+"""
+
+_CSS = """
+.sgpu-table-bar { display: flex; justify-content: space-between; align-items: center;
+  gap: 12px; margin: 2px 0 4px 0; font-size: 13px; }
+.sgpu-table-body { overflow-x: auto; }
+.sgpu-table-body button { font-size: 12px; padding: 0 6px; cursor: pointer; }
+.sgpu-table-body button:focus-visible, .sgpu-table-bar button:focus-visible {
+  outline: 2px solid var(--jp-brand-color1, #1f6feb); outline-offset: 1px; }
+.sgpu-table-body button.sgpu-sort::after { content: attr(data-arrow); margin-left: 3px; }
+.sgpu-table-body tbody tr:hover { background: var(--jp-layout-color2, #8881); }
+.sgpu-sr { position: absolute; width: 1px; height: 1px; overflow: hidden;
+  clip: rect(0 0 0 0); white-space: nowrap; }
+"""
 
 
-class RunRow:
-    """One run of the table."""
+class TableWidget(anywidget.AnyWidget):
+    """The live table: its HTML comes from ``table_view``; the script sorts and sends clicks."""
 
-    def __init__(self, ctx: RunContext, ranks: widgets.Widget | None) -> None:
+    _esm = _ESM
+    _css = _CSS
+    html = traitlets.Unicode("").tag(sync=True)
+    heading = traitlets.Unicode("").tag(sync=True)
+    ended = traitlets.Bool(False).tag(sync=True)
+    """Every trial has ended: ``Cancel all`` is disarmed."""
+    cancelling_all = traitlets.Bool(False).tag(sync=True)
+    announce = traitlets.Unicode("").tag(sync=True)
+    """What screen readers are told (an aria-live region): the counts, as they change."""
+
+
+class TrialRow:
+    """One trial: its context, the renderer that folds its events, its metric trail."""
+
+    def __init__(self, ctx: RunContext, renderer: WidgetRenderer) -> None:
         self.ctx = ctx
-        self.started = time.monotonic()
-        self.ended: float | None = None
-        self.last_metric = ""
+        self.renderer = renderer
+        self.view = renderer.view
+        self.metrics = MetricTrail()
         self.subscribed = False
-        self.cells = [widgets.HTML() for _ in _COLUMNS]
-        self.cancel_button = widgets.Button(description="Cancel", icon="stop")
-        self.cancel_button.on_click(lambda _b: self.cancel())
-        self.line = widgets.HBox([*self.cells, self.cancel_button])
-        self.details = widgets.Accordion(children=[ranks] if ranks is not None else [])
-        if ranks is not None:
-            self.details.set_title(0, "ranks")
-            self.details.selected_index = None
-        self.widget = widgets.VBox([self.line, self.details])
+        self.cancels_wanted = 0
+        self.cancels_sent = 0
+        self.outcome = ""
+        """The result or error text, once the run has ended and it was read."""
+        self.orphaned = False
+        """The kernel shut down before the run reported its end."""
 
-    def cancel(self) -> None:
-        handle = self.ctx.handle
-        if handle is not None:
-            handle.cancel(CANCEL_REASON)
+    @property
+    def trial(self) -> int:
+        return int(self.ctx.metadata.get("trial", 0))
 
-    def note(self, event: object) -> None:
-        """Subscriber: keep the latest metric a rank sent (``mlflow.log_metric`` buffers)."""
-        if isinstance(event, RankMessage) and isinstance(event.data, dict):
-            metrics = event.data.get("metrics") or []
-            last = metrics[-1] if isinstance(metrics, list) and metrics else None
-            if isinstance(last, (tuple, list)) and len(last) >= 2:
-                self.last_metric = f"{last[0]}={last[1]}"
+    @property
+    def handle(self) -> Any:
+        return self.ctx.handle
 
-    def status(self) -> RunStatus:
-        handle = self.ctx.handle
-        return RunStatus.PENDING if handle is None else handle.status
+    @property
+    def finished(self) -> bool:
+        return self.view.done
 
-    def texts(self) -> list[str]:
-        ctx, status = self.ctx, self.status()
-        if status.finished and self.ended is None:
-            self.ended = time.monotonic()
-        elapsed = (self.ended or time.monotonic()) - self.started
-        params = ", ".join(f"{k}={v}" for k, v in ctx.metadata.get("params", {}).items())
-        link = ctx.links.get("mlflow")
-        return [
-            html.escape(str(ctx.metadata.get("trial", ""))),
-            html.escape(params),
-            "starting" if status is RunStatus.PENDING else status.value,
-            f"{elapsed:.1f} s",
-            html.escape(self._result() or self.last_metric),
-            f'<a href="{html.escape(link)}" target="_blank">run</a>' if link else "",
-        ]
+    def status(self) -> str:
+        view, handle = self.view, self.handle
+        if view.done:
+            return view.status.value
+        if self.orphaned:
+            return ORPHANED
+        if self.cancels_wanted:
+            return "cancelling"
+        if view.status is RunStatus.PENDING:
+            queued = handle is not None and handle.status is RunStatus.QUEUED
+            return RunStatus.QUEUED.value if queued else "starting"
+        return view.status.value
 
-    def _result(self) -> str:
-        handle = self.ctx.handle
-        if handle is None or handle.status is not RunStatus.SUCCEEDED:
-            return "" if handle is None or handle.finished is None else handle.finished.message
-        try:
-            return repr(handle.result(0)[0])[:80]
-        except Exception as exc:  # a result that cannot be loaded reads as its error
-            return f"{type(exc).__name__}: {exc}"[:80]
+    def times(self, now: float) -> tuple[float | None, float | None]:
+        """Seconds from the call to the ranks' start (queue, MLflow run, launcher), and from
+        then to the end."""
+        view = self.view
+        end = view.finished if view.finished is not None else now
+        starts = [r.started for r in view.ranks if r.started is not None]
+        if not starts:
+            return max(0.0, end - view.started), None
+        first = min(starts)
+        return max(0.0, first - view.started), max(0.0, end - first)
 
-    def refresh(self) -> None:
-        for cell, text in zip(self.cells, self.texts(), strict=True):
-            if cell.value != text:
-                cell.value = text
-        self.cancel_button.disabled = self.status().finished
+    def line(self, metric: str, now: float) -> table_view.TrialLine:
+        queued, ran = self.times(now)
+        latest = self.metrics.values.get(metric) if metric else None
+        history = tuple(self.metrics.history.get(metric, ())) if metric else ()
+        return table_view.TrialLine(
+            trial=self.trial,
+            params=dict(self.ctx.metadata.get("params", {})),
+            status=self.status(),
+            finished=self.finished,
+            queued=queued,
+            ran=ran,
+            metric=latest[0] if latest else None,
+            history=history,
+            outcome=self.outcome if self.finished else self._progress(),
+            link=self.ctx.links.get("mlflow", ""),
+        )
+
+    def _progress(self) -> str:
+        if self.orphaned:
+            return "the kernel shut down before the run reported its end"
+        return self.view.progress_line()
+
+    # -- the poll thread ------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Dispatch the run's events; act on Cancel clicks; read the outcome once it ended."""
+        handle = self.handle
+        if handle is None:  # not started yet, or the call failed before its run started
+            if self.view.done and not self.outcome:
+                self.outcome = self.view.message
+            return
+        if not self.subscribed:
+            handle.subscribe(self.metrics.update)
+            self.subscribed = True
+        while self.cancels_sent < self.cancels_wanted:
+            self.cancels_sent += 1
+            handle.cancel(CANCEL_REASON)  # a second click stops the ranks at once
+        handle.poll()
+        if self.view.done and not self.outcome:
+            self.outcome = _outcome(handle)
+
+
+def _outcome(handle: Any) -> str:
+    """Rank 0's result (rounded), or why the run did not succeed."""
+    finished = handle.finished
+    if finished is None or finished.status is not RunStatus.SUCCEEDED:
+        return finished.message if finished is not None else "ended"
+    try:
+        values = handle.result(0)
+    except Exception as exc:  # a result that cannot be loaded reads as its error
+        return table_view.short_value(f"{type(exc).__name__}: {exc}")
+    shown = table_view.short_value(values[0]) if len(values) else "no result"
+    return shown if len(values) <= 1 else f"{shown} (rank 0 of {len(values)})"
 
 
 class RunTable:
     """The table of one cell's concurrent runs, kept up to date by a background poll."""
 
-    def __init__(self) -> None:
-        self.rows: list[RunRow] = []
-        self.cancel_all = widgets.Button(description="Cancel all", button_style="danger")
-        self.cancel_all.on_click(lambda _b: self.cancel())
-        head = widgets.HBox([widgets.HTML(f"<b>{c}</b>") for c in _COLUMNS])
-        self.body = widgets.VBox([])
-        self.widget = widgets.VBox([self.cancel_all, head, self.body], _dom_classes=["sgpu-table"])
+    def __init__(self, name: str = "", *, show: bool = True) -> None:
+        self.name = name
+        self.rows: list[TrialRow] = []
+        self.parent_run_id = _active_mlflow_run_id()
+        """The sweep's MLflow run (MLflow's active run when the first trial starts)."""
+        self.record = ""
+        """The ended table as static HTML (empty while a trial runs)."""
+        self.open_trial: int | None = None
+        self.table = TableWidget()
+        self.table.on_msg(self._on_message)
+        self.details = widgets.VBox([], _dom_classes=["sgpu-table-details"])
+        self.widget = RunWidget(
+            self.text, children=[self.table, self.details], _dom_classes=["sgpu-table"]
+        )
         self._lock = threading.Lock()
+        self._finish_lock = threading.Lock()
+        self._pump_lock = threading.Lock()
+        """One pump at a time: the poll thread's, or the kernel shutdown's."""
         self._thread: threading.Thread | None = None
-        display(self.widget)
+        self._display: DisplayHandle | None = None
+        if show:
+            self._display = display(self.widget, display_id=True)
 
-    def add(self, ctx: RunContext, ranks: widgets.Widget | None) -> RunRow:
-        row = RunRow(ctx, ranks)
+    def add(self, ctx: RunContext, renderer: WidgetRenderer) -> TrialRow:
+        row = TrialRow(ctx, renderer)
         with self._lock:
             self.rows.append(row)
-        self.body.children = [*self.body.children, row.widget]
-        row.refresh()
+            if not self.name:
+                self.name = ctx.name
+        self.refresh()
         return row
 
-    def cancel(self) -> None:
-        for row in list(self.rows):
-            row.cancel()
+    # -- what is drawn --------------------------------------------------------------------
+
+    def _rows(self) -> list[TrialRow]:
+        with self._lock:
+            return list(self.rows)
+
+    def state(self, *, details: bool = False) -> table_view.TableState:
+        rows = self._rows()
+        metric = key_metric(name for row in rows for name in row.metrics.values)
+        now = time.time()
+        return table_view.TableState(
+            name=self.name,
+            lines=tuple(row.line(metric, now) for row in rows),
+            metric=metric,
+            parent_link=self._parent_link(rows),
+            details={row.trial: _trial_record(row) for row in rows} if details else {},
+        )
+
+    def _parent_link(self, rows: list[TrialRow]) -> str:
+        """The sweep's run on the page its trials' links point at (the same MLflow UI)."""
+        if self.parent_run_id is None:
+            return ""
+        for row in rows:
+            link = row.ctx.links.get("mlflow", "")
+            if "/runs/" in link:
+                return f"{link.rsplit('/runs/', 1)[0]}/runs/{self.parent_run_id}"
+        return ""
+
+    def refresh(self) -> None:
+        state = self.state()
+        table = self.table
+        values = {
+            "html": table_view.table_html(state, live=True, open_trial=self.open_trial),
+            "heading": table_view.heading_html(state),
+            "ended": bool(state.lines) and state.ended,
+            "announce": table_view.summary_text(state),
+        }
+        for name, value in values.items():
+            if getattr(table, name) != value:
+                setattr(table, name, value)
+
+    def text(self) -> str:
+        return table_view.table_text(self.state())
+
+    # -- clicks (the kernel's shell thread, or a waiting cell's UI pump) -------------------
+
+    def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if not isinstance(content, dict):
+            return
+        kind, trial = content.get("type"), content.get("trial")
+        if kind == "cancel_all":
+            self.cancel()
+        elif kind == "cancel":
+            self.cancel(trial)
+        elif kind == "details":
+            self.show_details(trial)
+
+    def cancel(self, trial: int | None = None) -> None:
+        """Cancel one trial (or every unfinished one); the poll thread sends it."""
+        for row in [r for r in self._rows() if trial is None or r.trial == trial]:
+            if not row.finished:
+                row.cancels_wanted += 1
+        if trial is None:
+            self.table.cancelling_all = True
+        self.refresh()
+        self.follow()
+
+    def show_details(self, trial: int | None) -> None:
+        """Show that trial's run widget under the table (again: hide it)."""
+        row = next((r for r in self.rows if r.trial == trial), None)
+        if row is None or self.open_trial == trial:
+            self.open_trial, children = None, []
+        else:
+            title = widgets.HTML(f"<b>trial {row.trial}</b>")
+            self.open_trial, children = row.trial, [title, row.renderer.widget]
+        self.details.children = children
+        self.refresh()
+
+    # -- the background poll --------------------------------------------------------------
 
     def follow(self) -> None:
         """Start the background poll (once); it ends when every run has ended."""
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
+            if self.record or (self._thread is not None and self._thread.is_alive()):
                 return
             self._thread = threading.Thread(
                 target=self._poll, name="serverless-gpu-table", daemon=True
@@ -135,31 +407,68 @@ class RunTable:
 
     def _poll(self) -> None:
         deadline = time.monotonic() + _MAX_POLL_S
-        while time.monotonic() < deadline:
-            with self._lock:
-                rows = list(self.rows)
-            for row in rows:
-                handle = row.ctx.handle
-                if handle is not None:
-                    if not row.subscribed:
-                        handle.subscribe(row.note)
-                        row.subscribed = True
-                    handle.poll()
-                try:
-                    row.refresh()
-                except Exception:  # a closed widget (cell cleared): nothing left to draw
-                    return
-            if rows and all(r.status().finished for r in rows):
+        while time.monotonic() < deadline and not self.record:
+            if self.pump():
+                self.finish()
                 return
             time.sleep(POLL_S)
 
+    def pump(self) -> bool:
+        """One round: every run's events and clicks, then a redraw; True once all ended."""
+        rows = self._rows()
+        with self._pump_lock:
+            for row in rows:
+                row.pump()
+        try:
+            self.refresh()
+        except Exception:  # a closed widget (cell cleared): nothing left to draw
+            return True
+        return bool(rows) and all(row.finished for row in rows)
 
-def text_summary(table: RunTable) -> str:
-    """The table as plain text (what a text-only client or a test reads)."""
-    lines = [" | ".join(_COLUMNS)]
-    for row in table.rows:
-        lines.append(" | ".join(html.unescape(t) for t in row.texts()))
-    return "\n".join(lines)
+    def finish(self) -> None:
+        """Leave the record in the cell's output in place of the widget (once)."""
+        with self._finish_lock:
+            if self.record:
+                return
+            state = self.state(details=True)
+            self.record = table_view.record_html(state)
+            if self._display is not None:
+                bundle = {"text/html": self.record, "text/plain": table_view.table_text(state)}
+                self._display.update(bundle, raw=True)
+                # Replaced by the record: its models, and every trial's, are shown nowhere now.
+                _close(self.widget)
+                for row in self._rows():
+                    _close(row.renderer.widget)
+
+    def shut_down(self, timeout: float = SHUTDOWN_WAIT_S) -> None:
+        """The kernel is going away: wait (bounded) for the runs to report their end, then
+        leave the record with what is known."""
+        if self.record:
+            return
+        deadline = time.monotonic() + timeout
+        while not self.record and time.monotonic() < deadline:
+            if self.pump():
+                break
+            time.sleep(POLL_S / 5)
+        for row in self._rows():
+            row.orphaned = not row.finished
+        self.finish()
+
+
+def _trial_record(row: TrialRow) -> str:
+    return row.renderer.record or html_view.record_html(row.view)
+
+
+def _active_mlflow_run_id() -> str | None:
+    """MLflow's active run in this thread, without importing MLflow where nobody did."""
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None:
+        return None
+    try:
+        run = mlflow.active_run()
+    except Exception:  # a half-imported or broken MLflow: no parent to link
+        return None
+    return None if run is None else str(run.info.run_id)
 
 
 def follow_handle(handle: Any) -> threading.Thread:

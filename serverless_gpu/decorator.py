@@ -330,7 +330,7 @@ class DistributedFunction(Generic[P, R]):
         ctx = RunContext(RunSpec(run_id, name, placement, paths, cfg), call=call)
         ctx.env[ATTEMPT_ENV] = str(call.attempt)
         if trial is not None:
-            ctx.metadata.update(trial=trial, params=trial_params(args, kwargs))
+            ctx.metadata.update(trial=trial, params=trial_params(args, kwargs, self.func))
         subscribers = run_hooks(ctx)
         if not ctx.display_claimed:
             subscribers.insert(0, ConsolePrinter(cfg.output))

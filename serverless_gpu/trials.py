@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 _PARAM_CHARS = 500
@@ -18,10 +20,27 @@ def trial_arguments(item: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (item,), {}
 
 
-def trial_params(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, str]:
-    """The trial's arguments by name (``arg0`` ... for positional ones), as short strings."""
-    named = {f"arg{i}": value for i, value in enumerate(args)} | kwargs
-    return {str(k): _short(repr(v) if not isinstance(v, str) else v) for k, v in named.items()}
+def trial_params(
+    args: tuple[Any, ...], kwargs: dict[str, Any], func: Callable[..., Any] | None = None
+) -> dict[str, str]:
+    """The trial's arguments by the function's own parameter names, as short strings (the
+    arguments given; defaults are left out). Positional arguments the signature cannot name
+    (no signature, or too many) read ``arg0`` ..."""
+    return {
+        str(k): _short(repr(v) if not isinstance(v, str) else v)
+        for k, v in _named(args, kwargs, func).items()
+    }
+
+
+def _named(
+    args: tuple[Any, ...], kwargs: dict[str, Any], func: Callable[..., Any] | None
+) -> dict[str, Any]:
+    if func is not None and args:
+        try:
+            return dict(inspect.signature(func).bind_partial(*args, **kwargs).arguments)
+        except (TypeError, ValueError):  # no signature, or arguments it does not take
+            pass
+    return {f"arg{i}": value for i, value in enumerate(args)} | kwargs
 
 
 def _short(text: str) -> str:

@@ -6,6 +6,7 @@ import pytest
 
 import serverless_gpu
 from serverless_gpu import RunResult, distributed
+from serverless_gpu.trials import trial_params
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +25,18 @@ def test_map_returns_handles_in_item_order() -> None:
     handles = trial.map([{"lr": 0.5, "layers": 2}, (0.25,), 1.0])
     assert [h.result(60)[0] for h in handles] == [1.0, 0.25, 1.0]
     assert handles[0].context.metadata["params"] == {"lr": "0.5", "layers": "2"}
-    assert handles[1].context.metadata["params"] == {"arg0": "0.25"}
+    # Positional arguments by the function's own parameter names (the table's and MLflow's).
+    assert handles[1].context.metadata["params"] == {"lr": "0.25"}
+
+
+def test_trial_params_name_positional_arguments_by_the_signature() -> None:
+    def fit(lr: float, layers: int = 1, *rest: int) -> None: ...
+
+    assert trial_params((0.5, 2), {}, fit) == {"lr": "0.5", "layers": "2"}
+    assert trial_params((0.5, 2, 7, 8), {}, fit) == {"lr": "0.5", "layers": "2", "rest": "(7, 8)"}
+    # Arguments the signature does not take (the run will say so) and no function: arg0 ...
+    assert trial_params((1, 2), {"x": 3}, lambda: None) == {"arg0": "1", "arg1": "2", "x": "3"}
+    assert trial_params(("a",), {}) == {"arg0": "a"}
 
 
 def test_sweep_with_a_failing_trial_returns_the_others_and_its_exception() -> None:
