@@ -307,9 +307,15 @@ class RunTable:
             self._display = display(self.widget, display_id=True)
 
     def add(self, ctx: RunContext, renderer: WidgetRenderer) -> TrialRow:
+        """A new trial's row; a retried trial's next attempt (the same call) takes the row of
+        its failed attempt: one row per trial, showing its latest attempt."""
         row = TrialRow(ctx, renderer)
         with self._lock:
-            self.rows.append(row)
+            earlier = [i for i, r in enumerate(self.rows) if r.ctx.call is ctx.call]
+            if earlier:
+                self.rows[earlier[0]] = row
+            else:
+                self.rows.append(row)
             if not self.name:
                 self.name = ctx.name
         self.refresh()

@@ -218,3 +218,31 @@ def test_shutdown_record_names_trials_that_never_reported_their_end(
         for handle in handles:
             handle.cancel("the test is over")
             handle.wait(60)
+
+
+@distributed(gpus=1, gpu_type="cpu", tracking=False, standby=False, timeout=120, max_retries=1)
+def crash_first_attempt(x: int) -> int:
+    import os
+
+    from serverless_gpu import runtime
+
+    if x == 1 and runtime.attempt() == 0:
+        os._exit(3)  # a crash: retried
+    return x * 10
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.timeout(120)
+def test_a_retried_trial_keeps_one_row_showing_its_last_attempt(
+    table: run_table.RunTable,
+) -> None:
+    handles = crash_first_attempt.map([0, 1])
+    table.follow()
+    eventually(lambda: table.record, "the table's record", timeout=60)
+    assert [list(h.result(0)) for h in handles] == [[0], [10]]
+    lines = table.text().splitlines()
+    assert lines[0] == "crash_first_attempt: 2 trials: 2 succeeded", lines
+    assert [line.split()[:3] for line in lines[2:4]] == [
+        ["0", "0", "succeeded"],
+        ["1", "1", "succeeded"],
+    ]
