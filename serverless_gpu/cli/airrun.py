@@ -115,25 +115,31 @@ def _attempt(job: AirJob, env: dict[str, str], attempt: int) -> int:
 
 
 def _run_command(job: AirJob, env: dict[str, str]) -> int:
-    proc = subprocess.Popen(["bash", "-c", job.command], env=env, start_new_session=True)
-    limit = None if job.timeout_minutes is None else job.timeout_minutes * 60
-    deadline = None if limit is None else time.monotonic() + limit
-    try:
-        with _term_as_interrupt():
-            while proc.poll() is None:
-                if deadline is not None and time.monotonic() > deadline:
-                    _say(f"the command timed out after {job.timeout_minutes:g} minutes")
-                    return EXIT_TIMED_OUT
-                time.sleep(_POLL_S)
-    except KeyboardInterrupt as exc:
-        _say(f"the command stopped: {str(exc) or 'interrupted (Ctrl-C)'}")
-        return EXIT_INTERRUPTED
-    finally:
-        terminate_groups([proc.pid], STOP_GRACE_S, reap=proc.poll)
-        proc.wait(STOP_GRACE_S)
-    if proc.returncode != 0:
+    # SIGTERM is a cancel from before the command starts, so that none escapes unstopped.
+    with _term_as_interrupt():
+        proc = subprocess.Popen(["bash", "-c", job.command], env=env, start_new_session=True)
+        try:
+            code = _wait(proc, job.timeout_minutes)
+        except KeyboardInterrupt as exc:
+            _say(f"the command stopped: {str(exc) or 'interrupted (Ctrl-C)'}")
+            code = EXIT_INTERRUPTED
+        finally:
+            terminate_groups([proc.pid], STOP_GRACE_S, reap=proc.poll)
+            proc.wait(STOP_GRACE_S)
+    if code == 0 and proc.returncode != 0:
         _say(f"the command failed with exit status {proc.returncode}")
         return EXIT_FAILED
+    return code
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout_minutes: float | None) -> int:
+    """0 once the command has ended, :data:`EXIT_TIMED_OUT` when its time is up first."""
+    deadline = None if timeout_minutes is None else time.monotonic() + timeout_minutes * 60
+    while proc.poll() is None:
+        if deadline is not None and time.monotonic() > deadline:
+            _say(f"the command timed out after {timeout_minutes:g} minutes")
+            return EXIT_TIMED_OUT
+        time.sleep(_POLL_S)
     return 0
 
 

@@ -2,7 +2,8 @@
 
 serverless-gpu run --gpus 2 --gpu-type cpu train.py -- --epochs 2
 serverless-gpu run -m pkg.train --epochs 2
-serverless-gpu run -f job.yaml [--detach]
+serverless-gpu run -f job.yaml [--detach] [--override KEY=VALUE] [--dry-run]
+serverless-gpu run job.yaml          # also a job file of the air CLI's format (see airjob.py)
 serverless-gpu runs list | show ID | logs ID [--rank N] [--follow] | cancel ID
 """
 

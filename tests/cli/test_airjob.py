@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Cli
+from conftest import COMMAND, Cli
+from eventually import eventually
 from mlflow import MlflowClient
 
 from serverless_gpu.cli.airjob import AirJob
@@ -295,3 +298,32 @@ def test_a_cycle_of_bases_and_more_nodes_than_one_are_refused(tmp_path: Path) ->
     with pytest.raises(ConfigurationError, match="is 2 nodes; a job file runs on one node"):
         job.compute.ranks(cpu=False)
     assert job.compute.ranks(cpu=True) == 16  # CPU mode ignores the shape
+
+
+def test_sigterm_stops_the_command_and_its_children_as_a_cancel(
+    write: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    write(
+        "job.yaml",
+        """
+        experiment_name: cancelled
+        compute: {num_accelerators: 1, accelerator_type: cpu}
+        command: |
+          sleep 120 &
+          echo $! > child.pid
+          wait
+        """,
+    )
+    proc = subprocess.Popen([*COMMAND, "run", "job.yaml"], stderr=subprocess.PIPE, text=True)
+    try:
+        pid_file = tmp_path / "child.pid"
+        eventually(lambda: pid_file.exists() and pid_file.read_text().strip(), "it started")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert proc.returncode == 130, stderr
+    assert "cancelled by SIGTERM" in stderr
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((tmp_path / "child.pid").read_text()), 0)
