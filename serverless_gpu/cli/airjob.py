@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..aliases import node_shape
 from ..errors import ConfigurationError
+from ..gpus import cpu_mode_requested, resolve_placement
 from .jobfile import DEFAULT_TIMEOUT_S, EnvName, EnvValue
 
 PLATFORM_KEYS = (
@@ -85,17 +86,19 @@ class AirCompute(_Strict):
         node_shape(value)  # GPUConfigError (a ValueError) names the known shapes
         return value
 
-    def ranks(self, cpu: bool) -> int:
-        """Ranks of the one node a local run has; more than one node of the shape is refused
-        (a job runs on this machine). CPU mode ignores the shape, as the decorator does."""
-        per_node = node_shape(self.accelerator_type)[0]
-        if cpu or per_node is None or self.num_accelerators <= per_node:
-            return self.num_accelerators
-        raise ConfigurationError(
-            f"compute.num_accelerators={self.num_accelerators} of {self.accelerator_type} is "
-            f"{self.num_accelerators // per_node} nodes; a job file runs on one node here: give "
-            f"at most {per_node} (--override compute.num_accelerators={per_node})"
-        )
+    def ranks(self) -> int:
+        """Ranks of the one node a local run has, checked against this machine's GPUs as a
+        decorated call's are; more than one node of the shape is refused (a job file runs
+        on this machine). CPU mode ignores the shape, as the decorator does."""
+        per_node, family, _ = node_shape(self.accelerator_type)
+        cpu = cpu_mode_requested(family)
+        if not cpu and per_node is not None and self.num_accelerators > per_node:
+            raise ConfigurationError(
+                f"compute.num_accelerators={self.num_accelerators} of {self.accelerator_type} "
+                f"is {self.num_accelerators // per_node} nodes; a job file runs on one node "
+                f"here: give at most {per_node} (--override compute.num_accelerators={per_node})"
+            )
+        return resolve_placement(self.num_accelerators, family, per_node).world_size
 
 
 class AirSnapshot(_Strict):

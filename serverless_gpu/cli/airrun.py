@@ -22,9 +22,7 @@ from typing import Any
 
 import yaml
 
-from ..aliases import node_shape
 from ..env import free_port
-from ..gpus import cpu_mode_requested
 from ..lifetime import terminate_groups
 from ..stop import ATTEMPT_ENV
 from .airjob import AirJob
@@ -37,8 +35,7 @@ _POLL_S = 0.2
 
 def node_env(job: AirJob, job_dir: Path, work: Path) -> dict[str, str]:
     """The variables air sets on each node, for node 0 of 1, plus the file's own."""
-    family = node_shape(job.compute.accelerator_type)[1]
-    ranks = job.compute.ranks(cpu=cpu_mode_requested(family))
+    ranks = job.compute.ranks()
     env = {
         **job.env_variables,
         "NUM_NODES": "1",

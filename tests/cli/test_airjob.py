@@ -22,7 +22,8 @@ from mlflow import MlflowClient
 
 from serverless_gpu.cli.airjob import AirJob
 from serverless_gpu.cli.jobfile import JobSpec, load_job
-from serverless_gpu.errors import ConfigurationError
+from serverless_gpu.errors import ConfigurationError, GPUConfigError
+from serverless_gpu.gpus import visible_gpu_names
 
 TRAIN = """
     import json
@@ -285,7 +286,9 @@ def test_the_format_is_airs_exactly_when_the_file_has_a_compute_block(tmp_path: 
     assert air.compute.num_accelerators == 2
 
 
-def test_a_cycle_of_bases_and_more_nodes_than_one_are_refused(tmp_path: Path) -> None:
+def test_a_cycle_of_bases_more_nodes_than_one_and_missing_gpus_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "a.yaml").write_text("_bases_: [b.yaml]\ncommand: 'true'\n")
     (tmp_path / "b.yaml").write_text("_bases_: [a.yaml]\n")
     with pytest.raises(ConfigurationError, match="a cycle"):
@@ -295,9 +298,15 @@ def test_a_cycle_of_bases_and_more_nodes_than_one_are_refused(tmp_path: Path) ->
     )
     job = load_job(tmp_path / "big.yaml")
     assert isinstance(job, AirJob)
+    assert job.compute.ranks() == 16  # CPU mode ignores the shape
+    monkeypatch.delenv("SERVERLESS_GPU_TYPE")
     with pytest.raises(ConfigurationError, match="is 2 nodes; a job file runs on one node"):
-        job.compute.ranks(cpu=False)
-    assert job.compute.ranks(cpu=True) == 16  # CPU mode ignores the shape
+        job.compute.ranks()
+    if not visible_gpu_names():  # checked as a decorated call's GPUs are
+        one = load_job(tmp_path / "big.yaml", ["compute.num_accelerators=8"])
+        assert isinstance(one, AirJob)
+        with pytest.raises(GPUConfigError, match="no GPU is visible"):
+            one.compute.ranks()
 
 
 def test_sigterm_stops_the_command_and_its_children_as_a_cancel(
@@ -327,3 +336,16 @@ def test_sigterm_stops_the_command_and_its_children_as_a_cancel(
     assert "cancelled by SIGTERM" in stderr
     with pytest.raises(ProcessLookupError):
         os.kill(int((tmp_path / "child.pid").read_text()), 0)
+
+
+def test_override_and_dry_run_work_on_this_librarys_own_files_too(
+    cli: Cli, write: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    write("t.py", "open('ran', 'w').close()\n")
+    write("base.yaml", "gpus: 2\nenv: {A: base}\n")
+    write("job.yaml", "_bases_: [base.yaml]\nscript: t.py\nenv: {B: own}\n")
+    done = cli("run", "job.yaml", "--dry-run", "--override", "gpus=3", "--override", "env.A=x")
+    assert done.returncode == 0, done.stderr
+    assert "gpus: 3" in done.stdout
+    assert "A: x" in done.stdout and "B: own" in done.stdout
+    assert not (tmp_path / "ran").exists()
