@@ -163,10 +163,16 @@ class _MlflowRun:
     @classmethod
     def start(cls, job: AirJob, env: dict[str, str]) -> _MlflowRun:
         try:
-            from mlflow import MlflowClient
+            import mlflow
+
+            from ..tracking.store import reachable
         except ImportError:
             return cls()
-        client = MlflowClient(env.get("MLFLOW_TRACKING_URI"))
+        uri = env.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+        if not reachable(uri):  # MLflow would retry for minutes before the command starts
+            _say(f"the MLflow server {uri} does not answer: this attempt is not tracked")
+            return cls()
+        client = mlflow.MlflowClient(uri)
         name = env.get("MLFLOW_EXPERIMENT_NAME") or "Default"
         experiment = client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)

@@ -11,7 +11,9 @@
     remote: false
 
 The schema is :class:`JobSpec` (pydantic); an error names the file, the line and the key.
-Relative paths are relative to the current directory, as on the command line.
+Relative paths are relative to the current directory, as on the command line. A file with a
+``compute`` block is one of the ``air`` CLI's format instead (:mod:`.airjob`); both formats
+take ``_bases_`` and ``--override key=value``.
 """
 
 from __future__ import annotations

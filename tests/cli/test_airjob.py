@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -349,3 +350,21 @@ def test_override_and_dry_run_work_on_this_librarys_own_files_too(
     assert "gpus: 3" in done.stdout
     assert "A: x" in done.stdout and "B: own" in done.stdout
     assert not (tmp_path / "ran").exists()
+
+
+def test_an_mlflow_server_that_does_not_answer_leaves_the_attempt_untracked(
+    cli: Cli, write: Callable[[str, str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    write(
+        "job.yaml",
+        "compute: {num_accelerators: 1, accelerator_type: cpu}\nmax_retries: 0\n"
+        "command: 'echo ran > out'\n",
+    )
+    done = cli("run", "job.yaml", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "does not answer: this attempt is not tracked" in done.stderr
+    assert (tmp_path / "out").read_text() == "ran\n"
