@@ -12,7 +12,7 @@ from typing import Any
 
 from . import runrecord as _runrecord  # noqa: F401 - registers the run.json hook
 from .aliases import AcceleratorType
-from .backends.ray import ray_launch
+from .backends.ray import ray_init, ray_launch
 from .completion import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, as_completed, wait
 from .decorator import DistributedConfig, DistributedFunction, distributed, warm_up
 from .errors import (
@@ -72,6 +72,7 @@ __all__ = [
     "get_local_world_size",
     "get_node_rank",
     "get_world_size",
+    "ray_init",
     "ray_launch",
     "shutdown",
     "sweep",

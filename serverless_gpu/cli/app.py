@@ -2,15 +2,18 @@
 
 serverless-gpu run --gpus 2 --gpu-type cpu train.py -- --epochs 2
 serverless-gpu run -m pkg.train --epochs 2
-serverless-gpu run -f job.yaml [--detach]
+serverless-gpu run -f job.yaml [--detach] [--override KEY=VALUE] [--dry-run]
+serverless-gpu run job.yaml          # also a job file of the air CLI's format (see airjob.py)
 serverless-gpu runs list | show ID | logs ID [--rank N] [--follow] | cancel ID
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
+import yaml
 
 from ..console import OUTPUT_CHOICES
 from ..errors import ConfigurationError, DistributedError
@@ -69,6 +72,14 @@ def _timeout(value: str | None) -> float | None:
     help="Which ranks' output is printed live; every rank's log is kept.",
 )
 @click.option("--detach", is_flag=True, help="Start the run in the background and return.")
+@click.option(
+    "--override",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set a job file's key (dotted: compute.num_accelerators=2; repeatable).",
+)
+@click.option("--dry-run", is_flag=True, help="Print the job as it would run; run nothing.")
 @click.option("--announce-fd", type=int, hidden=True)
 @click.option("--job-fd", type=int, hidden=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -82,8 +93,18 @@ def run(**params: Any) -> None:
     from .launch import detach, read_job, run_job
 
     ctx = click.get_current_context()
+    command = params["command"]
+    if not params["job_file"] and command and command[0].endswith((".yaml", ".yml")):
+        # `serverless-gpu run job.yaml [options]` (as `air run job.yaml`): a Python script is
+        # never named so, and the options after the file are this command's, not a script's.
+        with run.make_context(ctx.info_name, ["-f", *command], parent=ctx.parent) as again:
+            run.invoke(again)
     try:
+        if params["job_file"] and params["job_fd"] is None:
+            _run_file(ctx, params)
         job = read_job(params["job_fd"]) if params["job_fd"] is not None else _job(ctx, params)
+        if params["dry_run"]:
+            ctx.exit(_print(yaml.safe_dump(job.model_dump(exclude_defaults=True), sort_keys=False)))
         if params["detach"]:
             ctx.exit(detach(job))
         ctx.exit(run_job(job, params["output"], params["announce_fd"]))
@@ -97,14 +118,49 @@ class BadRun(click.ClickException):
     exit_code = 2
 
 
+def _run_file(ctx: click.Context, params: dict[str, Any]) -> None:
+    """A job file of air's format runs here (and ends the command); ours falls through."""
+    from .airjob import AirJob
+    from .airrun import effective, run_air_job, say_ignored
+
+    if params["command"]:
+        raise ConfigurationError("give a job file (-f) or a script, not both")
+    job = load_job(params["job_file"], params["overrides"])
+    if not isinstance(job, AirJob):
+        return
+    options = (*_OVERRIDES, "timeout", "env", "detach")
+    given = [f"--{option.replace('_', '-')}" for option in options if _on_line(ctx, option)]
+    if given:
+        raise ConfigurationError(
+            f"{', '.join(given)}: not for a job file of air's format; set its keys with "
+            "--override (compute.num_accelerators=2, env_variables.KEY=VALUE, max_retries=0)"
+        )
+    job_dir = Path(params["job_file"]).absolute().parent
+    if params["dry_run"]:
+        say_ignored(job)
+        ctx.exit(_print(effective(job, job_dir)))
+    ctx.exit(run_air_job(job, job_dir))
+
+
+def _on_line(ctx: click.Context, option: str) -> bool:
+    return ctx.get_parameter_source(option) is click.core.ParameterSource.COMMANDLINE
+
+
+def _print(text: str) -> int:
+    click.echo(text, nl=False)
+    return 0
+
+
 def _job(ctx: click.Context, params: dict[str, Any]) -> JobSpec:
     """The run asked for: the job file (or the script), with the options given overriding it."""
     command = list(params["command"])
     if params["job_file"]:
-        if command:
-            raise ConfigurationError("give a job file (-f) or a script, not both")
-        base: dict[str, Any] = load_job(params["job_file"]).model_dump(exclude_defaults=True)
+        job = load_job(params["job_file"], params["overrides"])
+        assert isinstance(job, JobSpec)  # air's format is run by _run_file
+        base: dict[str, Any] = job.model_dump(exclude_defaults=True)
     else:
+        if params["overrides"]:
+            raise ConfigurationError("--override sets a job file's keys: give one with -f")
         base = {**_command(command, params["as_module"])}
     for option, field in _OVERRIDES.items():
         if ctx.get_parameter_source(option) is click.core.ParameterSource.COMMANDLINE:

@@ -11,17 +11,22 @@
     remote: false
 
 The schema is :class:`JobSpec` (pydantic); an error names the file, the line and the key.
-Relative paths are relative to the current directory, as on the command line.
+Relative paths are relative to the current directory, as on the command line. A file with a
+``compute`` block is one of the ``air`` CLI's format instead (:mod:`.airjob`); both formats
+take ``_bases_`` and ``--override key=value``.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import shlex
 import stat
+import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import yaml
 from pydantic import (
@@ -36,6 +41,9 @@ from pydantic_core import PydanticCustomError
 
 from ..errors import ConfigurationError
 from ..scripts import ScriptTarget
+
+if TYPE_CHECKING:
+    from .airjob import AirJob
 
 _PYTHONS = {"python", "python3"}
 DEFAULT_TIMEOUT_S = 3 * 3600.0
@@ -125,9 +133,27 @@ def _parse_command(command: str | list[str], extra: list[str]) -> ScriptTarget:
     )
 
 
-def load_job(path: str | Path) -> JobSpec:
-    """The job file as a :class:`JobSpec`; a ConfigurationError names the line and the key."""
+def load_job(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec | AirJob:
+    """The job file as a :class:`JobSpec`, or an :class:`~.airjob.AirJob` for a file of air's
+    format (see :func:`~.airjob.is_air_format`), its ``_bases_`` merged under it and the
+    ``--override key=value`` items applied; a ConfigurationError names the line and the key."""
+    from .airjob import AirJob, is_air_format  # airjob builds on this module's types
+
     path = Path(path)
+    node, data = _parse(path)
+    data = apply_overrides(_with_bases(path, data, frozenset()), overrides)
+    air = is_air_format(data)
+    model: type[BaseModel] = AirJob if air else JobSpec
+    try:
+        job = model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigurationError(_describe(path, node, exc, model, air)) from None
+    assert isinstance(job, (JobSpec, AirJob))
+    return job
+
+
+def _parse(path: Path) -> tuple[yaml.MappingNode, dict[str, Any]]:
+    """The file's mapping, as a YAML node (for line numbers) and as data."""
     text = _read_text(path)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -145,10 +171,58 @@ def load_job(path: str | Path) -> JobSpec:
         line = node.start_mark.line + 1 if node is not None else 1
         raise ConfigurationError(f"{path}:{line}: a job file is a mapping of keys (gpus: 2, ...)")
     _check_duplicates(path, node)
-    try:
-        return JobSpec.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigurationError(_describe(path, node, exc)) from None
+    return node, data
+
+
+def _with_bases(path: Path, data: dict[str, Any], seen: frozenset[Path]) -> dict[str, Any]:
+    """``_bases_: [a.yaml, ...]`` (paths relative to the file): merged in order, each under
+    the next and all under the file's own keys (mappings merged key by key)."""
+    bases = data.pop("_bases_", None)
+    if bases is None:
+        return data
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigurationError(f"{path}: _bases_ is a list of YAML paths, not {bases!r}")
+    seen = seen | {path.resolve()}
+    merged: dict[str, Any] = {}
+    for base in bases:
+        base_path = path.parent / base
+        if base_path.resolve() in seen:
+            raise ConfigurationError(f"{path}: _bases_ includes {base_path} again (a cycle)")
+        merged = _merge(merged, _with_bases(base_path, _parse(base_path)[1], seen))
+    return _merge(merged, data)
+
+
+def _merge(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(under)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            value = _merge(merged[key], value)
+        merged[key] = value
+    return merged
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """``key.sub=value`` items set into ``data`` (a copy); the value is read as YAML, so
+    ``compute.num_accelerators=2`` is a number and ``parameters.tags=[a, b]`` a list."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigurationError(
+                f"--override takes KEY=VALUE (compute.num_accelerators=2), not {item!r}"
+            )
+        *parents, last = key.strip().split(".")
+        target = data
+        for i, part in enumerate(parents):
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                where = ".".join(parents[: i + 1])
+                raise ConfigurationError(f"--override {item!r}: {where} is not a mapping")
+        try:
+            target[last] = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            target[last] = text
+    return data
 
 
 def _read_text(path: Path) -> str:
@@ -191,24 +265,49 @@ def _check_duplicates(path: Path, node: yaml.MappingNode) -> None:
         seen[key.value] = key.start_mark.line + 1
 
 
-def _describe(path: Path, node: yaml.Node, exc: ValidationError) -> str:
+def _describe(
+    path: Path, node: yaml.Node, exc: ValidationError, model: type[BaseModel], air: bool
+) -> str:
     lines = []
     for error in exc.errors():
         line, found = _line_of(node, tuple(error["loc"]))
         if error["loc"][-1:] == ("[key]",):  # a mapping's key: the line is the key's own
             found = found[:-1]
+        if error["type"] == "missing":  # not in the file, so not found in it: name it whole
+            found = list(error["loc"])
         key = ".".join(str(part) for part in found) or "(job)"
         if error["type"] == "extra_forbidden":
-            hint = difflib.get_close_matches(key, JobSpec.model_fields, n=1)
-            known = (
-                f"did you mean {hint[0]!r}?"
-                if hint
-                else "known keys: " + ", ".join(JobSpec.model_fields)
-            )
-            lines.append(f"{path}:{line}: unknown key {key!r} ({known})")
+            lines.append(f"{path}:{line}: unknown key {key!r} ({_known(key, model, air)})")
         else:
             lines.append(f"{path}:{line}: {key}: {error['msg']}")
     return "\n".join(lines)
+
+
+def _known(key: str, model: type[BaseModel], air: bool) -> str:
+    """A hint for an unknown key: its place in this format when it belongs to the other
+    one, else the closest known key, else the known keys."""
+    from .airjob import mapping_hint
+
+    mapped = mapping_hint(key, air)
+    if mapped is not None:
+        return mapped
+    fields = _fields_at(model, key.split(".")[:-1])
+    hint = difflib.get_close_matches(key.rpartition(".")[2], fields, n=1)
+    return f"did you mean {hint[0]!r}?" if hint else "known keys: " + ", ".join(fields)
+
+
+def _fields_at(model: type[BaseModel], parents: list[str]) -> list[str]:
+    """The field names of the (nested) model ``parents`` lead to."""
+    for name in parents:
+        field = model.model_fields.get(name)
+        inner = (
+            [t for t in typing.get_args(field.annotation) or (field.annotation,)] if field else []
+        )
+        found = [t for t in inner if isinstance(t, type) and issubclass(t, BaseModel)]
+        if not found:
+            break
+        model = found[0]
+    return list(model.model_fields)
 
 
 def _line_of(node: yaml.Node, loc: tuple[Any, ...]) -> tuple[int, list[Any]]:

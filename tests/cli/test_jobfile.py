@@ -12,7 +12,7 @@ import pytest
 from conftest import COMMAND, Cli
 from mlflow import MlflowClient
 
-from serverless_gpu.cli.jobfile import load_job
+from serverless_gpu.cli.jobfile import JobSpec, load_job
 from serverless_gpu.errors import ConfigurationError
 
 GOOD = """
@@ -80,11 +80,17 @@ def test_schema_errors_name_the_key_and_line(
     assert str(info.value).startswith(str(path.parent / message))
 
 
+def _ours(path: Path) -> JobSpec:
+    job = load_job(path)
+    assert isinstance(job, JobSpec)
+    return job
+
+
 def test_what_runs_is_one_python_script_or_module(write: Callable[[str, str], Path]) -> None:
     write("t.py", "")
-    job = load_job(write("job.yaml", "command: python3 -m pkg.train --lr 0.1\n"))
+    job = _ours(write("job.yaml", "command: python3 -m pkg.train --lr 0.1\n"))
     assert (job.target().module, job.target().args) == ("pkg.train", ("--lr", "0.1"))
-    job = load_job(write("job.yaml", "command: [python, t.py, --n, 3]\nargs: [--m, 4]\n"))
+    job = _ours(write("job.yaml", "command: [python, t.py, --n, 3]\nargs: [--m, 4]\n"))
     assert job.target().args == ("--n", "3", "--m", "4")
     for text, error in [
         ("command: bash run.sh\n", "does not run a Python script"),
@@ -93,7 +99,7 @@ def test_what_runs_is_one_python_script_or_module(write: Callable[[str, str], Pa
         ("script: missing.py\n", "no such script: missing.py"),
     ]:
         with pytest.raises(ConfigurationError, match=error):
-            load_job(write("job.yaml", text)).target()
+            _ours(write("job.yaml", text)).target()
 
 
 def test_a_job_file_runs_with_its_environment_experiment_and_run_name(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import ray_fns
 
-from serverless_gpu import ConfigurationError, ray_launch
+from serverless_gpu import ConfigurationError, ray_init, ray_launch
 
 pytestmark = pytest.mark.usefixtures("cluster", "untracked")
 
@@ -25,3 +27,27 @@ def test_more_gpus_than_the_cluster_has_fails_before_starting() -> None:
         ConfigurationError, match=r"needs 2 H100 GPUs on the Ray cluster, and it has 0"
     ):
         fn.distributed(1)
+
+
+def test_the_originals_spelling_names_count_and_node_shape() -> None:
+    fn = ray_launch(num_accelerators=2, accelerator_type="GPU_8xH100")(ray_fns.tasks_on_every_node)
+    assert (fn.gpus, fn.gpu_type) == (2, "H100")
+    with pytest.raises(
+        ConfigurationError, match=r"needs 2 H100 GPUs on the Ray cluster, and it has 0"
+    ):
+        fn.distributed(1)
+    positional = ray_launch(1, "gpu_1xa10", False, 60)(ray_fns.tasks_on_every_node)
+    assert (positional.gpus, positional.gpu_type) == (1, "A10")
+    with pytest.raises(ConfigurationError, match="two spellings of one option"):
+        ray_launch(gpus=2, num_accelerators=3)
+    with pytest.raises(ConfigurationError, match="two spellings of one option"):
+        ray_launch(accelerator_type="GPU_8xH100", gpu_type="A10")
+
+
+def test_ray_init_is_ray_init(cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import ray
+
+    context = ray_init(address=cluster.address, ignore_reinit_error=True)
+    assert context.address_info["gcs_address"] == ray.get_runtime_context().gcs_address
+    if context.dashboard_url:
+        assert f"Ray dashboard: http://{context.dashboard_url}" in capsys.readouterr().out

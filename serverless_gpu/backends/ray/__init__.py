@@ -2,7 +2,7 @@
 results, failures and events as the local backend. Ray is imported only when a call uses it."""
 
 from .backend import RayBackend, ray_backend, stop_ray_calls
-from .connect import HOW_TO_CONNECT, cluster_placement, connect
+from .connect import HOW_TO_CONNECT, cluster_placement, connect, ray_init
 from .launch import RayLaunchFunction, launch_gpus, ray_launch
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "connect",
     "launch_gpus",
     "ray_backend",
+    "ray_init",
     "ray_launch",
     "stop_ray_calls",
 ]

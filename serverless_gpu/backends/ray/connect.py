@@ -134,3 +134,21 @@ def cluster_placement(gpus: int | None, gpu_type: str | GPUType | None) -> Place
                 f"starting) or {option('gpu_type', 'cpu')}"
             )
     return Placement(gpus, "cuda", wanted, ())
+
+
+def ray_init(*args: Any, **kwargs: Any) -> Any:
+    """``ray.init(*args, **kwargs)`` (the original's ``ray_init``), then the Ray dashboard's
+    address printed when Ray serves one; Ray's context is returned. The dashboard keeps Ray's
+    own default host (127.0.0.1): binding every interface, as the original does for its
+    notebook proxy, would open it to the network here."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            f"ray_init needs Ray, which is not installed: pip install 'serverless-gpu[ray]' ({exc})"
+        ) from None
+    context = ray.init(*args, **kwargs)
+    url = getattr(context, "dashboard_url", None)
+    if url:
+        print(f"Ray dashboard: http://{url}", flush=True)
+    return context

@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
+from ...aliases import AcceleratorType, node_shape, one_count
 from ...config import DEFAULT_TIMEOUT, DistributedConfig
 from ...decorator import DistributedFunction
 from ...errors import ConfigurationError
@@ -88,17 +89,41 @@ def _as_driver(func: Callable[..., Any], gpus: int, caller_set: tuple[str, ...])
 
 
 def ray_launch(
-    gpus: int = 0,
-    gpu_type: str | None = None,
+    num_accelerators: int | None = None,
+    accelerator_type: str | AcceleratorType | GPUType | None = None,
+    remote: bool = False,
     timeout: float | None = DEFAULT_TIMEOUT,
+    *,
+    gpus: int | None = None,
+    gpu_type: str | GPUType | None = None,
     **options: Any,
 ) -> Callable[[Callable[P, R]], RayLaunchFunction[P, R]]:
     """Decorate Ray-native code: ``fn.distributed(*args)`` runs ``fn`` once on the connected
-    Ray cluster and returns its value. ``gpus``: GPUs the cluster must have (of ``gpu_type``)."""
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
-        raise ConfigurationError(f"gpus must be a whole number >= 0, not {gpus!r}")
+    Ray cluster and returns its value. ``gpus`` (``num_accelerators``): GPUs the cluster must
+    have, of ``gpu_type`` (or of ``accelerator_type``'s family, ``"GPU_8xH100"``); none by
+    default. ``remote`` is accepted for the original's signature: the call runs on the
+    connected cluster either way."""
+    count = one_count(gpus, num_accelerators)
+    family = _family(gpu_type, accelerator_type)
+    if count is None:
+        count = 0
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise ConfigurationError(f"gpus must be a whole number >= 0, not {count!r}")
 
     def wrap(func: Callable[P, R]) -> RayLaunchFunction[P, R]:
-        return RayLaunchFunction(func, gpus, gpu_type, timeout=timeout, **options)
+        return RayLaunchFunction(func, count, family, timeout=timeout, **options)
 
     return wrap
+
+
+def _family(gpu_type: str | GPUType | None, accelerator_type: object) -> str | None:
+    """The GPU family asked for in either spelling; both given must agree."""
+    if accelerator_type is None:
+        return None if gpu_type is None else str(getattr(gpu_type, "value", gpu_type))
+    family = node_shape(accelerator_type)[1]
+    if gpu_type is not None and GPUType.parse(gpu_type) is not family:
+        raise ConfigurationError(
+            f"gpu_type={gpu_type!r} and accelerator_type={str(accelerator_type)!r} are two "
+            "spellings of one option with different values: give one of them"
+        )
+    return family.value
