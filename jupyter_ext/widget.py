@@ -79,6 +79,7 @@ class WidgetRenderer:
         self._label = ipython_labeler(shell)
         """Names a frame's file as IPython does (``Cell In[7]``) in the stacks shown."""
         self._note = ""
+        self._status_said = ""
         self._drawn: dict[int, int] = {}
         self._last_draw = 0.0
         self._last_header = 0.0
@@ -209,7 +210,10 @@ class WidgetRenderer:
         self.header.value = html_view.header_html(
             self.view, note=self._note, pending=self._pending_links()
         )
-        self.live.say(f"{self.view.name}: {self._note or status_words(self.view)}")
+        status = f"{self.view.name}: {self._note or status_words(self.view)}"
+        if status != self._status_said:  # a change, not every clock tick: the region keeps
+            self._status_said = status  # what was said since (stacks taken, a hang warning)
+            self.live.say(status)
 
     def _tracked(self) -> bool:
         """Whether tracking made this run's MLflow link (and says in which store)."""

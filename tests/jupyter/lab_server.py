@@ -39,6 +39,11 @@ class LabServer:
     def page_url(self, path: str) -> str:
         return f"{self.url}/lab/tree/{path}?token={self.token}&reset"
 
+    def notebook7_url(self, path: str) -> str:
+        """The same notebook in Notebook 7's page (served by the same server when the
+        ``notebook`` package is installed)."""
+        return f"{self.url}/notebooks/{path}?token={self.token}"
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -79,6 +79,7 @@ def test_mlflow_links_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             link = _short_run_links_the_live_ui(page, shots)
             _link_opens_the_runs_page(page, link, shots)
             _saved_record_after_restart(page, link, shots)
+            _saved_record_in_notebook7(browser, server.notebook7_url(NOTEBOOK), link)
         finally:
             browser.close()
     assert wait_for(lambda: not pid_alive(kernel.pid), 10)
@@ -162,3 +163,16 @@ def _saved_record_after_restart(page: Any, link: str, shots: Path) -> None:
     _cell(page, 1).locator(".jp-Cell-outputWrapper").screenshot(
         path=str(shots / "mlflow-record-after-restart.png")
     )
+
+
+def _saved_record_in_notebook7(browser: Any, url: str, link: str) -> None:
+    """The saved record opened in Notebook 7 keeps its link and how to serve the store."""
+    from playwright.sync_api import expect
+
+    nb7 = browser.new_page(viewport={"width": 1200, "height": 1000})
+    nb7.goto(url)
+    record = _cell(nb7, 1).locator(".sgpu-record")
+    expect(record.locator(MLFLOW_LINK)).to_have_attribute("href", link, timeout=60 * MS)
+    expect(record.locator(".sgpu-mlflow-hint")).to_contain_text("serverless_gpu.tracking.ui()")
+    expect(nb7.get_by_text("Error displaying widget")).to_have_count(0)
+    nb7.close()

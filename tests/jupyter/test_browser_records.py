@@ -7,8 +7,7 @@ Stacks shows a busy state, one line per rank naming the cell, a verdict, tqdm's 
 folded, all of it kept in the record with the hang warning (and in the saved notebook, reopened);
 the kernel stays "Busy" while a second tab connects; rank labels, links and error headlines
 read at 4.5:1 or more, measured from the rendered colours; the focus ring shows; buttons are
-named without a blank. (Notebook 7 is not installed here: the reopened records are checked in
-JupyterLab.)
+named without a blank. The saved records are reopened in JupyterLab and in Notebook 7.
 
 Screenshots go to the test's temporary folder; ``scripts/refresh_screenshots.sh`` writes them to
 ``docs/`` instead.
@@ -166,6 +165,7 @@ def test_records_and_the_hang_doctor_in_jupyterlab(
             _stacks_doctor(page, shots)
             _error_headline(page)
             _saved_and_reopened(page)
+            _reopened_in_notebook7(context, server.notebook7_url(NOTEBOOK))
         except Exception:
             page.screenshot(path=str(tmp_path / "failed.png"), full_page=True)
             print("screenshot of the failure:", tmp_path / "failed.png")
@@ -362,3 +362,18 @@ def _saved_and_reopened(page: Any) -> None:
     stacks = lab._cell(page, 3).locator(".sgpu-record")
     expect(stacks.locator(".sgpu-verdict")).to_contain_text("rank 1 never entered")
     expect(stacks.locator(".sgpu-hang")).to_contain_text("during the run:")
+
+
+def _reopened_in_notebook7(context: Any, url: str) -> None:
+    """The saved notebook opened in Notebook 7: the same records, no widget left to miss."""
+    from playwright.sync_api import expect
+
+    page = context.new_page()
+    page.goto(url)
+    cancelled = lab._cell(page, 1).locator(".sgpu-record")
+    expect(cancelled).to_contain_text(re.compile(r"cancelled at \d+ % · \d+/600"), timeout=60 * MS)
+    expect(cancelled).to_contain_text("progress when it ended")
+    stacks = lab._cell(page, 3).locator(".sgpu-record")
+    expect(stacks.locator(".sgpu-verdict")).to_contain_text("rank 1 never entered")
+    expect(page.get_by_text("Error displaying widget")).to_have_count(0)
+    page.close()
