@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..aliases import node_shape
 from ..errors import ConfigurationError
 from ..gpus import cpu_mode_requested, resolve_placement
-from .jobfile import DEFAULT_TIMEOUT_S, EnvName, EnvValue
+from .jobtypes import DEFAULT_TIMEOUT_S, EnvName, EnvValue
 
 PLATFORM_KEYS = (
     "environment",

@@ -26,61 +26,26 @@ import stat
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
 )
-from pydantic_core import PydanticCustomError
 
 from ..errors import ConfigurationError
 from ..scripts import ScriptTarget
+from .jobtypes import DEFAULT_TIMEOUT_S, EnvName, EnvValue, Text
 
 if TYPE_CHECKING:
     from .airjob import AirJob
 
 _PYTHONS = {"python", "python3"}
-DEFAULT_TIMEOUT_S = 3 * 3600.0
-"""A run's timeout unless the command line or the job file says otherwise (``none``: no limit):
-a hung nightly job must not run forever."""
 MAX_JOB_FILE_BYTES = 1 << 20
 """A job file is a few lines; anything larger is not one (``/dev/zero`` never ends)."""
-
-
-def _as_text(value: Any) -> Any:
-    """YAML reads ``2`` and ``0.1`` as numbers; arguments and variables are strings."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    return value
-
-
-Text = Annotated[str, BeforeValidator(_as_text)]
-
-
-def _env_name(name: str) -> str:
-    if not name or "=" in name or "\0" in name:
-        raise PydanticCustomError(
-            "env_name",
-            "{name} is not a variable name (no '=', no NUL, not empty)",
-            {"name": repr(name)},
-        )
-    return name
-
-
-def _env_value(value: str) -> str:
-    if "\0" in value:
-        raise PydanticCustomError("env_value", "a value cannot hold a NUL character", {})
-    return value
-
-
-EnvName = Annotated[str, AfterValidator(_env_name)]
-EnvValue = Annotated[Text, AfterValidator(_env_value)]
 
 
 class JobSpec(BaseModel):
