@@ -84,6 +84,10 @@ def shared_tmp() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# What the victim's call printed of the exception's classes (its MRO, in order).
+_RAISED = "'RunsDirError', 'ConfigurationError', 'CallerError', 'DistributedError'"
+
+
 def _as_user(user: tuple[int, int], *command: str) -> None:
     subprocess.run(command, user=user[0], group=user[1], check=True, timeout=30)
 
@@ -140,7 +144,7 @@ def test_a_planted_link_is_refused_and_nothing_is_pruned_through_it(
     home, names = _victim_home(tmp_path)
     _as_user(other_user, "ln", "-s", str(home), str(shared_tmp / f"serverless-gpu-{os.getuid()}"))
     printed = _call_as_victim(shared_tmp, tmp_path)
-    assert "'RunsDirError', 'ConfigurationError', 'DistributedError'" in printed, printed
+    assert _RAISED in printed, printed
     assert "symlink" in printed and f"Set {RUNS_DIR_ENV} to a private folder" in printed
     assert sorted(os.listdir(home)) == sorted(names)  # nothing pruned, nothing added
     assert stat.S_IMODE(home.stat().st_mode) == 0o755  # not chmod'ed
@@ -152,7 +156,7 @@ def test_a_folder_planted_by_another_user_is_refused(
     planted = shared_tmp / f"serverless-gpu-{os.getuid()}"
     _as_user(other_user, "mkdir", "-m", "777", str(planted))
     printed = _call_as_victim(shared_tmp, tmp_path)
-    assert "'RunsDirError', 'ConfigurationError', 'DistributedError'" in printed, printed
+    assert _RAISED in printed, printed
     assert f"belongs to user id {other_user[0]}" in printed
     assert os.listdir(planted) == []  # no file of ours went there
 
