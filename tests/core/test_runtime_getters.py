@@ -22,7 +22,7 @@ def torch_values_win() -> dict[str, object]:
     """Inside a rank whose default group exists: the environment says otherwise, torch wins."""
     import torch.distributed as dist
 
-    assert dist.is_initialized()
+    runtime.init_process_group()  # the warm group when the rank has one, else a new one
     env = (os.environ["RANK"], os.environ["WORLD_SIZE"])
     os.environ["RANK"], os.environ["WORLD_SIZE"] = "7", "9"
     try:
