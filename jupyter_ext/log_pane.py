@@ -54,8 +54,13 @@ function render({ model, el }) {
   el.append(bar, out);
 
   let following = true;
+  let pinned = 0;  // where toEnd last put the view
   const atEnd = () => out.scrollHeight - out.scrollTop - out.clientHeight < 8;
-  const toEnd = () => { out.scrollTop = out.scrollHeight; };
+  const toEnd = () => { out.scrollTop = out.scrollHeight; pinned = out.scrollTop; };
+  // Scrolled up since the view was last put at the end. Read before each draw: the scroll
+  // event comes only with the next rendered frame, and a browser that renders none for a
+  // while (headless, a busy tab) would otherwise have every draw pull the reader back down.
+  const scrolledAway = () => out.clientHeight > 0 && !atEnd() && out.scrollTop < pinned - 8;
   const draw = () => { pre.innerHTML = model.get("html"); toEnd(); };
   const setFollowing = (value) => {
     following = value;
@@ -68,7 +73,10 @@ function render({ model, el }) {
     if (atEnd() !== following) setFollowing(atEnd());
   });
   follow.addEventListener("change", () => setFollowing(follow.checked));
-  const onHtml = () => { if (following) draw(); };
+  const onHtml = () => {
+    if (following && scrolledAway()) setFollowing(false);
+    else if (following) draw();
+  };
   model.on("change:html", onHtml);
   const opened = [];
   const escape = (s) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
@@ -124,7 +132,7 @@ function render({ model, el }) {
   };
   model.on("msg:custom", onMessage);
   // A tab shown again, or the pane laid out for the first time: back to the newest line.
-  const resized = new ResizeObserver(() => { if (following) toEnd(); });
+  const resized = new ResizeObserver(() => { if (following && !scrolledAway()) toEnd(); });
   resized.observe(out);
   setFollowing(true);
   return () => {
