@@ -93,20 +93,27 @@ CELLS = [
 ]
 
 
-def test_run_widget_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from playwright.sync_api import sync_playwright
-
+def lab_folder(tmp_path: Path, notebook: str, cells: list[str]) -> tuple[Path, Path]:
+    """A browser test's screenshots folder (``docs/`` when refreshing them) and the folder the
+    server serves, holding ``notebook`` made of ``cells`` with the python3 kernel."""
     shots = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
     root = tmp_path / "lab"
     root.mkdir()
     nb = nbformat.v4.new_notebook(
-        cells=[nbformat.v4.new_code_cell(c) for c in CELLS],
+        cells=[nbformat.v4.new_code_cell(c) for c in cells],
         metadata={
             "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
         },
     )
-    nbformat.write(nb, root / NOTEBOOK)
+    nbformat.write(nb, root / notebook)
+    return shots, root
+
+
+def test_run_widget_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from playwright.sync_api import sync_playwright
+
+    shots, root = lab_folder(tmp_path, NOTEBOOK, CELLS)
     monkeypatch.setenv("IPYTHONDIR", str(write_ipython_profile(tmp_path / "ipy", SLOW_TRACKING)))
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
     with (

@@ -13,18 +13,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 from jupyter_helpers import pid_alive, wait_for
 from lab_server import CHROMIUM, CHROMIUM_ARGS, lab_server
 from test_browser import (
     MS,
-    SCREENSHOTS_ENV,
     _cell,
     _dismiss_notifications,
     _kernel_process,
     _run_cell,
     _wait_idle,
+    lab_folder,
 )
 
 pytestmark = [
@@ -46,17 +45,7 @@ MLFLOW_LINK = 'a[data-link="mlflow"]'
 def test_mlflow_links_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from playwright.sync_api import sync_playwright
 
-    shots = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path / "screenshots")
-    shots.mkdir(parents=True, exist_ok=True)
-    root = tmp_path / "lab"
-    root.mkdir()
-    nb = nbformat.v4.new_notebook(
-        cells=[nbformat.v4.new_code_cell(c) for c in CELLS],
-        metadata={
-            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
-        },
-    )
-    nbformat.write(nb, root / NOTEBOOK)
+    shots, root = lab_folder(tmp_path, NOTEBOOK, CELLS)
     profile = tmp_path / "ipy" / "profile_default"  # unlike other test kernels: tracking on
     profile.mkdir(parents=True)
     (profile / "ipython_kernel_config.py").write_text("c.HistoryManager.enabled = False\n")

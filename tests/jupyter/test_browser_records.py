@@ -21,7 +21,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 import test_browser as lab
 from jupyter_helpers import FAKE_MLFLOW_LINK, write_ipython_profile
@@ -127,17 +126,7 @@ def test_records_and_the_hang_doctor_in_jupyterlab(
 ) -> None:
     from playwright.sync_api import sync_playwright
 
-    shots = Path(os.environ.get(lab.SCREENSHOTS_ENV) or tmp_path / "screenshots")
-    shots.mkdir(parents=True, exist_ok=True)
-    root = tmp_path / "lab"
-    root.mkdir()
-    nb = nbformat.v4.new_notebook(
-        cells=[nbformat.v4.new_code_cell(c) for c in CELLS],
-        metadata={
-            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
-        },
-    )
-    nbformat.write(nb, root / NOTEBOOK)
+    shots, root = lab.lab_folder(tmp_path, NOTEBOOK, CELLS)
     for name, value in SETTINGS.items():
         path = tmp_path / "settings" / f"{name}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)

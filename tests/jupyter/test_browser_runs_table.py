@@ -17,18 +17,17 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 from jupyter_helpers import write_ipython_profile
 from lab_server import CHROMIUM, CHROMIUM_ARGS, lab_server
 from test_browser import (
     MS,
-    SCREENSHOTS_ENV,
     _cell,
     _dismiss_notifications,
     _kernel_process,
     _run_cell,
     _wait_idle,
+    lab_folder,
 )
 
 pytestmark = [
@@ -71,17 +70,7 @@ COLUMNS = ["trial", "lr", "status", "queued", "run time", "loss", "result / erro
 def test_runs_table_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from playwright.sync_api import sync_playwright
 
-    shots = Path(os.environ.get(SCREENSHOTS_ENV) or tmp_path / "screenshots")
-    shots.mkdir(parents=True, exist_ok=True)
-    root = tmp_path / "lab"
-    root.mkdir()
-    nb = nbformat.v4.new_notebook(
-        cells=[nbformat.v4.new_code_cell(c) for c in CELLS],
-        metadata={
-            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
-        },
-    )
-    nbformat.write(nb, root / NOTEBOOK)
+    shots, root = lab_folder(tmp_path, NOTEBOOK, CELLS)
     monkeypatch.setenv("IPYTHONDIR", str(write_ipython_profile(tmp_path / "ipy")))
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
