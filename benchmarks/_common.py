@@ -71,7 +71,7 @@ def parse_settings(description: str, argv: Sequence[str] | None = None) -> Setti
 
 def gpu_names() -> list[str]:
     """Visible GPUs through NVML (no CUDA context in the caller)."""
-    from serverless_gpu.gpus import visible_gpu_names
+    from serverless_gpu.common.gpus import visible_gpu_names
 
     return visible_gpu_names()
 
@@ -221,7 +221,7 @@ def reap_leftovers() -> list[str]:
 
 def quiet_console() -> None:
     """Keep the library's console printer out of the benchmark's output (events still flow)."""
-    from serverless_gpu.hooks import register_hook
+    from serverless_gpu.caller.hooks import register_hook
 
     def claim(ctx: Any) -> None:
         ctx.display_claimed = True
@@ -254,7 +254,7 @@ class GpuMemory:
     def __init__(self, world_size: int) -> None:
         import pynvml
 
-        from serverless_gpu.gpus import visible_indices
+        from serverless_gpu.common.gpus import visible_indices
 
         self._nvml = pynvml
         pynvml.nvmlInit()

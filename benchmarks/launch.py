@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-from serverless_gpu.env import multicast_off
+from serverless_gpu.wire.env import multicast_off
 
 multicast_off(os.environ)  # NVLink multicast off here and in every process started from here
 

@@ -14,8 +14,8 @@ import argparse
 import statistics
 import time
 
-from serverless_gpu.gpus import visible_nvml_devices
-from serverless_gpu.system_metrics import gpu_sample
+from serverless_gpu.caller.system_metrics import gpu_sample
+from serverless_gpu.common.gpus import visible_nvml_devices
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from serverless_gpu.env import multicast_off
+from serverless_gpu.wire.env import multicast_off
 
 multicast_off(os.environ)  # NVLink multicast off here and in every process started from here
 
@@ -34,7 +34,7 @@ from typing import Any
 import _common as C
 import _jobs
 
-from serverless_gpu.proctitle import is_launcher
+from serverless_gpu.common.proctitle import is_launcher
 
 RESULTS_DIR_ENV = "SERVERLESS_GPU_RESULTS_DIR"
 GONE_LIMIT_S = 30.0
@@ -79,8 +79,8 @@ def hang(device: str, out_dir: str, gib: float) -> None:
 
 def blob(nbytes: int, send: bool, on_gpu: bool = False, copy: dict[str, Any] | None = None) -> Any:
     """A tensor of ``nbytes`` made in the rank, on its CPU or its GPU, returned or dropped (same
-    work, no transfer). ``copy``: settings of ``serverless_gpu.cuda_copy`` for a CUDA result
-    (which ways it may take; None: the library's defaults)."""
+    work, no transfer). ``copy``: settings of ``serverless_gpu.runfiles.cuda_copy`` for a CUDA
+    result (which ways it may take; None: the library's defaults)."""
     import torch
 
     device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if on_gpu else "cpu"
@@ -88,7 +88,7 @@ def blob(nbytes: int, send: bool, on_gpu: bool = False, copy: dict[str, Any] | N
     if on_gpu:
         torch.cuda.synchronize()  # made, whether it is returned or not
     if copy:
-        from serverless_gpu import cuda_copy
+        from serverless_gpu.runfiles import cuda_copy
 
         for name, value in copy.items():
             setattr(cuda_copy, name, value)
@@ -97,7 +97,7 @@ def blob(nbytes: int, send: bool, on_gpu: bool = False, copy: dict[str, Any] | N
 
 CUDA_WAYS: dict[str, dict[str, Any]] = {"plain": {"STAGED": False}}
 """The library's other ways to copy a CUDA result, timed beside its default (settings of
-``serverless_gpu.cuda_copy``; ``plain`` is torch's pageable copy)."""
+``serverless_gpu.runfiles.cuda_copy``; ``plain`` is torch's pageable copy)."""
 
 
 FLOOD_LINE = "step {:7d} | loss 2.345678 | lr 3.0e-04 | tokens/s 123456.7 | grad-norm 0.98"
@@ -278,7 +278,7 @@ def failure_section(c: Caller) -> Section:
 
 
 def start_and_wait_ready(c: Caller, fn: Any, out: Path) -> tuple[Any, dict[int, int], float]:
-    from serverless_gpu.events import RankStarted
+    from serverless_gpu.wire.events import RankStarted
 
     pids: dict[int, int] = {}
     t_start = time.time()
@@ -342,7 +342,7 @@ def stop_section(c: Caller) -> Section:
 
 
 def transfer_section(c: Caller) -> Section:
-    from serverless_gpu.rundirs import results_root
+    from serverless_gpu.runfiles.rundirs import results_root
 
     nbytes = (16 if c.s.quick else 1024) * 2**20
     fn = c.decorate(blob)
@@ -399,7 +399,7 @@ def transfer_section(c: Caller) -> Section:
 
 def cuda_transfer(times: dict[str, list[float]], total_gb: float) -> tuple[str, list[list[str]]]:
     """The CUDA results' part of the transfer section, from the same run's timings."""
-    from serverless_gpu import cuda_copy  # no torch, no CUDA: only its defaults are read
+    from serverless_gpu.runfiles import cuda_copy  # no torch, no CUDA: only its defaults are read
 
     cuda, cpu = (
         net_rate(total_gb, times, "cuda", "cuda none"),
@@ -413,7 +413,7 @@ def cuda_transfer(times: dict[str, list[float]], total_gb: float) -> tuple[str, 
         f"library's default (cuda_copy.STAGED = {cuda_copy.STAGED}); aggregate {cuda:.2f} GB/s "
         f"(CPU tensor: {cpu:.2f} GB/s). "
         "The same with each other way the library has to copy a CUDA result "
-        "(settings of serverless_gpu.cuda_copy; plain = torch's pageable copy): "
+        "(settings of serverless_gpu.runfiles.cuda_copy; plain = torch's pageable copy): "
         + "; ".join(
             f"{way} {C.fmt_s(times[f'cuda {way}'])}, aggregate {ways[way]:.2f} GB/s"
             for way in CUDA_WAYS
@@ -453,8 +453,8 @@ def file_path_rates(nbytes: int, folder: Path | None) -> dict[str, float]:
 
     import torch
 
-    from serverless_gpu.rundirs import runs_root
-    from serverless_gpu.serialization import dump_result, load_result
+    from serverless_gpu.runfiles.rundirs import runs_root
+    from serverless_gpu.runfiles.serialization import dump_result, load_result
 
     def np_dump(t: Any, path: Path) -> None:
         with open(path, "wb") as f:
@@ -486,7 +486,7 @@ def _rate(nbytes: int, action: Callable[[], Any]) -> float:
 
 def fs_type(folder: Path | None) -> str:
     """The filesystem type of ``folder`` (default: the runs directory): tmpfs, ext4, overlay..."""
-    from serverless_gpu.rundirs import runs_root
+    from serverless_gpu.runfiles.rundirs import runs_root
 
     root, best = str(folder or runs_root()), ("", "?")
     with open("/proc/mounts") as mounts:

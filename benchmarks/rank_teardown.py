@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from serverless_gpu.env import multicast_off
+from serverless_gpu.wire.env import multicast_off
 
 multicast_off(os.environ)
 
@@ -42,7 +42,7 @@ def job() -> tuple[int, bool]:
     held = torch.ones(2**28, device=runtime.device())
     del held
     dist.destroy_process_group()
-    from serverless_gpu import warm_group
+    from serverless_gpu.rank import warm_group
 
     return os.getpid(), warm_group.finish.__name__ == "<lambda>"
 
@@ -61,7 +61,7 @@ def measure(s: C.Settings, exit_at_once: bool) -> dict[str, float]:
     import serverless_gpu
     from serverless_gpu import distributed
     from serverless_gpu.backends.local import LocalBackend
-    from serverless_gpu.gpus import resolve_placement
+    from serverless_gpu.common.gpus import resolve_placement
 
     serverless_gpu.shutdown()
     here = str(Path(__file__).resolve().parent)

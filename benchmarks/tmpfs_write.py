@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from serverless_gpu import cuda_copy
-from serverless_gpu.serialization import dump_result
+from serverless_gpu.runfiles import cuda_copy
+from serverless_gpu.runfiles.serialization import dump_result
 
 
 def _buffer(tensor: torch.Tensor) -> Any:

@@ -17,7 +17,7 @@ import symtable
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from serverless_gpu import sources
+from serverless_gpu.common import sources
 
 _MAGIC_FILE = re.compile(r"^<%%distributed (In\[\d+\])>$")
 

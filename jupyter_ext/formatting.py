@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from serverless_gpu.events import RankState, RunStatus
+from serverless_gpu.wire.events import RankState, RunStatus
 
 from .ansi import strip_ansi
 from .runstate import RankView, RunView

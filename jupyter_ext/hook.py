@@ -16,8 +16,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol
 
-from serverless_gpu.events import Event, RunStatus
-from serverless_gpu.hooks import RunContext
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.wire.events import Event, RunStatus
 
 from .text_renderer import TextRenderer
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import html
 
-from serverless_gpu.events import RankState, RunStatus
 from serverless_gpu.tracking import store
+from serverless_gpu.wire.events import RankState, RunStatus
 
 from . import progress, stacks_view
 from .ansi import ansi_to_html, strip_ansi

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from serverless_gpu.hooks import register_hook, unregister_hook
+from serverless_gpu.caller.hooks import register_hook, unregister_hook
 
 from .hook import (
     HOOKS_DONE_ORDER,
@@ -70,9 +70,9 @@ def load(shell: Any) -> None:
     _loaded = _Loaded(shell)
     _loaded.install()
     _import_widgets(shell)
-    import serverless_gpu
+    from serverless_gpu.api.decorator import warm_up
 
-    serverless_gpu.warm_up()  # the first call of the session then finds the launcher ready
+    warm_up()  # the first call of the session then finds the launcher ready
 
 
 def _import_widgets(shell: Any) -> None:
@@ -97,9 +97,9 @@ def is_loaded() -> bool:
 
 def _stop_on_exit(change: dict[str, Any]) -> None:
     if change["new"]:
-        import serverless_gpu
+        from serverless_gpu.api.shutdown import shutdown
 
-        serverless_gpu.shutdown()
+        shutdown()
         # The runs have ended (or will within seconds): each runs table leaves its record
         # before the kernel exits, as a single run's widget does when its run ends.
         shut_down_tables()

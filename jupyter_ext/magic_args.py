@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument
 
-from serverless_gpu.console import OUTPUT_CHOICES
-from serverless_gpu.decorator import DEFAULT_TIMEOUT
+from serverless_gpu.api.decorator import DEFAULT_TIMEOUT
+from serverless_gpu.wire.config import OUTPUT_CHOICES
 
 F = TypeVar("F", bound=Callable[..., Any])
 _KEY_VALUE = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)=(.*)$", re.DOTALL)

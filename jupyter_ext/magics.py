@@ -21,21 +21,18 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from serverless_gpu import (
-    ConfigurationError,
-    DistributedConfig,
-    DistributedFunction,
-    RunResult,
-    stacks,
-)
-from serverless_gpu.describe import describe_value
-from serverless_gpu.errors import DistributedError
-from serverless_gpu.stack_text import where
+from serverless_gpu.api.decorator import DistributedFunction
+from serverless_gpu.caller.results import RunResult
+from serverless_gpu.common.describe import describe_value
+from serverless_gpu.common.errors import ConfigurationError, DistributedError
+from serverless_gpu.doctor import stacks
+from serverless_gpu.doctor.stack_text import where
+from serverless_gpu.wire.config import DistributedConfig
 
 from . import magic_args
 from .cellfunc import EmptyCellError, build_cell_function
 from .hook import abandon_unstarted, last_run, renderer_for
-from .tracebacks import HEADLINE, Labeler, attach, clean_traceback, ipython_labeler
+from .traceback_text import HEADLINE, Labeler, attach, clean_traceback, ipython_labeler
 
 T = TypeVar("T")
 

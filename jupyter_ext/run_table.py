@@ -26,8 +26,8 @@ import ipywidgets as widgets
 import traitlets
 from IPython.display import DisplayHandle, display
 
-from serverless_gpu.events import RunStatus
-from serverless_gpu.hooks import RunContext
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.wire.events import RunStatus
 
 from . import html_view, table_view
 from .sparkline import MetricTrail, key_metric

@@ -13,7 +13,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serverless_gpu.events import (
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.tracking import LatestMetrics
+from serverless_gpu.wire.events import (
     Event,
     OutputLines,
     RankFinished,
@@ -24,8 +26,6 @@ from serverless_gpu.events import (
     RunStarted,
     RunStatus,
 )
-from serverless_gpu.hooks import RunContext
-from serverless_gpu.tracking import LatestMetrics
 
 from . import progress
 from .metrics import key_metric

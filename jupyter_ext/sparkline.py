@@ -10,8 +10,8 @@ import html
 import math
 from collections.abc import Iterable, Sequence
 
-from serverless_gpu.events import Event, RankMessage
 from serverless_gpu.tracking import LatestMetrics
+from serverless_gpu.wire.events import Event, RankMessage
 
 KEEP_POINTS = 120
 """Points kept per metric: beyond it every other point is dropped (the line keeps its shape)."""

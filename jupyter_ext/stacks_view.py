@@ -16,11 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from serverless_gpu import flight
-from serverless_gpu.events import RanksSilent
-from serverless_gpu.hangs import warning_text
-from serverless_gpu.runpaths import RunPaths
-from serverless_gpu.stack_text import Frame, is_user_file, main_thread_frames
+from serverless_gpu.caller.hangs import warning_text
+from serverless_gpu.doctor import flight
+from serverless_gpu.doctor.stack_text import Frame, is_user_file, main_thread_frames
+from serverless_gpu.wire.events import RanksSilent
+from serverless_gpu.wire.runpaths import RunPaths
 
 from .runstate import StacksTaken
 

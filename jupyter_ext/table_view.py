@@ -134,7 +134,7 @@ def _short(value: Any) -> str:
     if callable(item) and getattr(value, "ndim", None) == 0:
         return _short(item())  # a numpy or torch scalar
     if getattr(value, "shape", None) is not None:
-        from serverless_gpu.describe import describe_value
+        from serverless_gpu.common.describe import describe_value
 
         return describe_value(value)
     if isinstance(value, (list, tuple)):

@@ -11,8 +11,11 @@ import sys
 import time
 from typing import TextIO
 
-from serverless_gpu.console import ConsolePrinter
-from serverless_gpu.events import (
+from serverless_gpu.caller.console import ConsolePrinter
+from serverless_gpu.caller.hangs import warning_text
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.tracking import store
+from serverless_gpu.wire.events import (
     OutputLines,
     RankFinished,
     RanksSilent,
@@ -20,9 +23,6 @@ from serverless_gpu.events import (
     RunFinished,
     RunStarted,
 )
-from serverless_gpu.hangs import warning_text
-from serverless_gpu.hooks import RunContext
-from serverless_gpu.tracking import store
 
 from .formatting import hardware_label, links_text, summary_text
 from .runstate import RunView

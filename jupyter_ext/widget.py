@@ -22,16 +22,16 @@ from urllib.parse import urlsplit
 import ipywidgets as widgets
 from IPython.display import DisplayHandle, display
 
-from serverless_gpu.events import OutputLines, RankMessage, RanksSilent, RunFinished
-from serverless_gpu.hangs import warning_text
-from serverless_gpu.hooks import RunContext
+from serverless_gpu.caller.hangs import warning_text
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.wire.events import OutputLines, RankMessage, RanksSilent, RunFinished
 
 from . import html_view, stacks_view
 from .formatting import snapshot_text, status_words
 from .live_status import LiveStatus
 from .log_pane import LogPane
 from .runstate import RunView
-from .tracebacks import ipython_labeler
+from .traceback_text import ipython_labeler
 from .uipoll import UiPump
 
 MIN_INTERVAL_S = 0.25

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from serverless_gpu.gpus import visible_gpu_names
+from serverless_gpu.common.gpus import visible_gpu_names
 
 FAILURES: list[str] = []
 

@@ -1,5 +1,5 @@
 """A result's CUDA tensors come back bit for bit through each way the library copies them from
-the device into the result file (``serverless_gpu.cuda_copy``: ``staged`` through pinned
+the device into the result file (``serverless_gpu.runfiles.cuda_copy``: ``staged`` through pinned
 buffers, ``plain`` torch's copy), also when the kernels that made them are still queued and
 when a side stream is current; each way is the one actually taken.
 
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from _checks import check, summary
 
-from serverless_gpu import cuda_copy, file_space
-from serverless_gpu.serialization import dump_result, load_result
+from serverless_gpu.runfiles import cuda_copy, file_space
+from serverless_gpu.runfiles.serialization import dump_result, load_result
 
 WAYS = {"staged": True, "plain": False}
 """Each way, as the value of ``cuda_copy.STAGED``."""

@@ -26,7 +26,7 @@ from typing import Any
 from _checks import check, rank_parser, ranks, summary
 
 from serverless_gpu import CancelledError, DistributedTimeoutError, distributed, runtime
-from serverless_gpu.events import RunStatus
+from serverless_gpu.wire.events import RunStatus
 
 TIMEOUT_S = 15
 

@@ -63,8 +63,8 @@ def _same(torch: Any, loaded: Any, original: Any) -> str:
 
 
 def _check_dtype(torch: Any, dtype: Any, device: str, folder: Path) -> None:
-    from serverless_gpu import tensor_file
-    from serverless_gpu.serialization import dump_result, load_result
+    from serverless_gpu.runfiles import tensor_file
+    from serverless_gpu.runfiles.serialization import dump_result, load_result
 
     try:
         base = _sample(torch, dtype, device)

@@ -23,7 +23,7 @@ from _checks import check, rank_parser, ranks, summary
 
 import serverless_gpu
 from serverless_gpu import distributed, runtime
-from serverless_gpu.gpus import visible_gpu_names
+from serverless_gpu.common.gpus import visible_gpu_names
 
 
 def train_sharded(layers: int, width: int, cap_gib: float, steps: int) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from _checks import check, rank_parser, ranks, summary
 
 import serverless_gpu
 from serverless_gpu import GPUConfigError, distributed, runtime
-from serverless_gpu.events import RankStarted
-from serverless_gpu.gpus import resolve_placement, visible_gpu_names
-from serverless_gpu.proctitle import is_launcher
+from serverless_gpu.common.gpus import resolve_placement, visible_gpu_names
+from serverless_gpu.common.proctitle import is_launcher
+from serverless_gpu.wire.events import RankStarted
 
 MIN_CONTEXT_MIB = 64
 """Less than this freed at shutdown means no standby CUDA context was measured."""

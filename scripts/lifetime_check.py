@@ -29,8 +29,8 @@ from _checks import check, rank_parser, ranks, summary
 
 import serverless_gpu
 from serverless_gpu import distributed
-from serverless_gpu.proctitle import is_launcher
-from serverless_gpu.rundirs import results_root
+from serverless_gpu.common.proctitle import is_launcher
+from serverless_gpu.runfiles.rundirs import results_root
 
 GONE_LIMIT_S = 3.0
 

@@ -10,12 +10,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import runrecord as _runrecord  # noqa: F401 - registers the run.json hook
-from .aliases import AcceleratorType
-from .backends.ray import ray_init, ray_launch
-from .completion import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, as_completed, wait
-from .decorator import DistributedConfig, DistributedFunction, distributed, warm_up
-from .errors import (
+from serverless_gpu.api.completion import (
+    ALL_COMPLETED,
+    FIRST_COMPLETED,
+    FIRST_EXCEPTION,
+    as_completed,
+    wait,
+)
+from serverless_gpu.api.decorator import (
+    DistributedConfig,
+    DistributedFunction,
+    distributed,
+    warm_up,
+)
+from serverless_gpu.api.ray_launch import ray_launch
+from serverless_gpu.api.shutdown import shutdown
+from serverless_gpu.api.sweep import sweep
+from serverless_gpu.backends.ray.connect import ray_init
+from serverless_gpu.caller import runrecord as _runrecord  # noqa: F401 - registers the run.json hook
+from serverless_gpu.caller.handle import RunHandle
+from serverless_gpu.caller.results import RunResult
+from serverless_gpu.common.errors import (
     CancelledError,
     ConfigurationError,
     DistributedError,
@@ -28,18 +43,16 @@ from .errors import (
     UsageError,
     WaitTimeoutError,
 )
-from .events import RunStatus
-from .gpus import GPUType
-from .handle import RunHandle
-from .results import RunResult
-from .runtime import (
+from serverless_gpu.common.gpus import GPUType
+from serverless_gpu.rank.runtime import (
     get_global_rank,
     get_local_rank,
     get_local_world_size,
     get_node_rank,
     get_world_size,
 )
-from .sweep import sweep
+from serverless_gpu.wire.accelerators import AcceleratorType
+from serverless_gpu.wire.events import RunStatus
 
 __version__ = "0.1.0"
 
@@ -79,18 +92,6 @@ __all__ = [
     "wait",
     "warm_up",
 ]
-
-
-def shutdown() -> None:
-    """Stop the launcher and every rank it started (also done automatically at exit), and
-    the calls running on a Ray cluster."""
-    from .backends.local import default_backend
-    from .backends.ray import stop_ray_calls
-    from .decorator import join_prewarm
-
-    join_prewarm()
-    default_backend().shutdown()
-    stop_ray_calls()
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -20,10 +20,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .decorator import distributed
-from .errors import ConfigurationError
-from .scripts import ScriptTarget, script_function
-from .vocabulary import TORCH_DISTRIBUTOR, speaking
+from serverless_gpu.api.decorator import distributed
+from serverless_gpu.api.scripts import ScriptTarget, script_function
+from serverless_gpu.common.errors import ConfigurationError
+from serverless_gpu.common.vocabulary import TORCH_DISTRIBUTOR, speaking
 
 
 class TorchDistributor:

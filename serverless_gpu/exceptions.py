@@ -1,6 +1,6 @@
 """The original API's exception names, for code that catches them: each is one of the library's
-own classes (:mod:`serverless_gpu.errors`) under a second name, or, for what has no counterpart
-here, a class of its own that the library never raises.
+own classes (:mod:`serverless_gpu.common.errors`) under a second name, or, for what has no
+counterpart here, a class of its own that the library never raises.
 
 >>> from serverless_gpu.exceptions import LocalExecutionTimeoutError
 >>> try:
@@ -15,7 +15,7 @@ What a raised error is called does not change: ``type(exc).__name__`` stays
 
 from __future__ import annotations
 
-from .errors import (
+from serverless_gpu.common.errors import (
     CallerError,
     ConfigurationError,
     DistributedError,
@@ -75,7 +75,7 @@ class WorkloadRateLimitExceededError(CallerError):
 
 class NotebookGPULimitExceededError(CallerError):
     """A per-notebook GPU quota of the original service; here a count above the visible GPUs
-    is a :class:`~serverless_gpu.errors.GPUConfigError`."""
+    is a :class:`~serverless_gpu.common.errors.GPUConfigError`."""
 
 
 class WorkspaceFileError(CallerError):
@@ -96,7 +96,7 @@ class RayInitializationError(InternalError):
 
 class RayConnectionError(InternalError):
     """The original service lost its Ray cluster; a missing connection here is a
-    :class:`~serverless_gpu.errors.ConfigurationError` saying how to connect."""
+    :class:`~serverless_gpu.common.errors.ConfigurationError` saying how to connect."""
 
 
 class EnvironmentUploadError(InternalError):

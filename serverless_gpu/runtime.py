@@ -1,19 +1,27 @@
-"""Helpers for code running inside a rank; one function runs unchanged on GPUs and CPU ranks."""
+"""Helpers for code running inside a rank; one function runs unchanged on GPUs and CPU ranks.
 
-from __future__ import annotations
+>>> from serverless_gpu import runtime
+>>> runtime.get_global_rank(), runtime.device(), runtime.should_stop()
 
-import os
-import socket
-import sys
-from collections.abc import Callable
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+The public face of :mod:`serverless_gpu.rank.runtime` (ranks, devices, the process group, messages
+to the caller) and :mod:`serverless_gpu.rank.stop_request` (graceful stop, heartbeats, attempts).
+"""
 
-from .env import DEVICE_ENV
-from .stop import attempt, heartbeat, on_stop, should_stop
-
-if TYPE_CHECKING:
-    import torch
+from serverless_gpu.rank.runtime import (
+    device,
+    get_global_rank,
+    get_local_rank,
+    get_local_world_size,
+    get_node_ip,
+    get_node_rank,
+    get_replica_rank,
+    get_world_size,
+    init_process_group,
+    is_cpu_mode,
+    on_rank_exit,
+    send_to_caller,
+)
+from serverless_gpu.rank.stop_request import attempt, heartbeat, on_stop, should_stop
 
 __all__ = [
     "attempt",
@@ -33,128 +41,3 @@ __all__ = [
     "send_to_caller",
     "should_stop",
 ]
-
-
-def _int_env(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
-
-
-def _default_group() -> Any | None:
-    """``torch.distributed`` once a default process group exists, else None. Never imports
-    torch: a process that has not imported ``torch.distributed`` has no group."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    return dist
-
-
-def get_global_rank(group: Any | None = None) -> int:
-    """This process's global rank: torch.distributed's once a process group exists, else
-    ``RANK``; 0 outside a distributed call. With ``group`` (a ``ProcessGroup``), the rank in
-    that group (``dist.get_rank(group)``: -1 where this process is not a member)."""
-    if group is not None:
-        import torch.distributed
-
-        return int(torch.distributed.get_rank(group))
-    dist = _default_group()
-    return int(dist.get_rank()) if dist is not None else _int_env("RANK", 0)
-
-
-def get_local_rank() -> int:
-    """This process's rank on its node (``LOCAL_RANK``)."""
-    return _int_env("LOCAL_RANK", 0)
-
-
-def get_world_size() -> int:
-    """Number of ranks in the call: torch.distributed's once a process group exists, else
-    ``WORLD_SIZE``; 1 outside a distributed call."""
-    dist = _default_group()
-    return int(dist.get_world_size()) if dist is not None else _int_env("WORLD_SIZE", 1)
-
-
-def get_local_world_size() -> int:
-    """Number of ranks on this node (``LOCAL_WORLD_SIZE``)."""
-    return _int_env("LOCAL_WORLD_SIZE", 1)
-
-
-def get_node_rank() -> int:
-    """Index of this node (``NODE_RANK``); always 0 on the local backend."""
-    return _int_env("NODE_RANK", 0)
-
-
-def get_replica_rank() -> int:
-    """Which copy of the whole run this is (``REPLICA_RANK``), for the original API's code;
-    always 0 here, where a call runs one copy."""
-    return _int_env("REPLICA_RANK", 0)
-
-
-def get_node_ip() -> str:
-    """This node's IP address as other nodes reach it: that of the interface the default route
-    leaves through (found without sending a packet); ``127.0.0.1`` without a network."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("10.255.255.255", 1))  # UDP: chooses a route, sends nothing
-            return str(probe.getsockname()[0])
-        except OSError:
-            return "127.0.0.1"
-
-
-def is_cpu_mode() -> bool:
-    return os.environ.get(DEVICE_ENV, "cuda") == "cpu"
-
-
-def device() -> torch.device:
-    """``cuda:LOCAL_RANK`` on GPUs, ``cpu`` in CPU mode."""
-    import torch
-
-    if is_cpu_mode():
-        return torch.device("cpu")
-    return torch.device("cuda", get_local_rank())
-
-
-def init_process_group(timeout: timedelta | None = None, **kwargs: Any) -> None:
-    """``torch.distributed.init_process_group`` with nccl on GPUs and gloo in CPU mode.
-
-    On GPUs it also binds the process to ``cuda:LOCAL_RANK``. Extra keyword arguments go to torch.
-    """
-    import torch
-    import torch.distributed as dist
-
-    backend = "gloo" if is_cpu_mode() else "nccl"
-    if backend == "nccl":
-        torch.cuda.set_device(get_local_rank())
-        kwargs.setdefault("device_id", device())
-    if timeout is not None:
-        kwargs["timeout"] = timeout
-    dist.init_process_group(backend=backend, **kwargs)
-
-
-# -- channel to the caller (set up by the worker inside a rank) -------------------------------
-
-_channel: Callable[[str, Any], None] | None = None
-_exit_callbacks: list[Callable[[], None]] = []
-
-
-def connect(channel: Callable[[str, Any], None]) -> None:
-    """Where :func:`send_to_caller` sends: the worker connects it when the rank's call starts."""
-    global _channel
-    _channel = channel
-
-
-def send_to_caller(kind: str, data: Any) -> None:
-    """Send picklable ``data`` to the caller's subscribers as a ``RankMessage`` event."""
-    if _channel is None:
-        raise RuntimeError("send_to_caller works only inside a rank of a distributed call")
-    _channel(kind, data)
-
-
-def on_rank_exit(callback: Callable[[], None]) -> None:
-    """Run ``callback`` after the user's function ends and before its result is reported."""
-    _exit_callbacks.append(callback)
-
-
-def run_exit_callbacks() -> None:
-    """Run (and forget) what :func:`on_rank_exit` registered; the worker calls it once the
-    user's function has ended."""
-    while _exit_callbacks:
-        _exit_callbacks.pop(0)()

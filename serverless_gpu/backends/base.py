@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..gpus import Placement
-from ..handle import RunHandle
-from ..hooks import RunContext
+from serverless_gpu.caller.handle import RunHandle
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.common.gpus import Placement
 
 
 class Backend(Protocol):

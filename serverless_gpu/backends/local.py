@@ -21,21 +21,31 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import serverless_gpu
-
-from ..env import METRICS_INTERVAL_ENV, group_env
-from ..errors import LauncherError, StorageError
-from ..events import RunFinished, RunQueued, RunScheduled, RunStatus
-from ..gpus import Placement
-from ..handle import RunHandle
-from ..hooks import RunContext
-from ..lifetime import kill_group, signal_name
-from ..protocol import CancelRun, Exiting, Prewarm, RankGroups, RunAccepted, Shutdown, TakeStacks
-from ..rundirs import drop_launcher_log, launcher_log_path, release_run, storage_hint
-from ..runpaths import RunPaths
-from ..runspec import RunSpec
-from ..stop_plan import CAPTURE_S
-from ..system_metrics import DEFAULT_INTERVAL_S, SystemSampler
+from serverless_gpu.caller.handle import RunHandle
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.caller.system_metrics import DEFAULT_INTERVAL_S, SystemSampler
+from serverless_gpu.common.errors import LauncherError, StorageError
+from serverless_gpu.common.gpus import Placement
+from serverless_gpu.common.lifetime import kill_group, signal_name
+from serverless_gpu.runfiles.rundirs import (
+    drop_launcher_log,
+    launcher_log_path,
+    release_run,
+    storage_hint,
+)
+from serverless_gpu.wire.env import METRICS_INTERVAL_ENV, group_env
+from serverless_gpu.wire.events import RunFinished, RunQueued, RunScheduled, RunStatus
+from serverless_gpu.wire.protocol import (
+    CancelRun,
+    Exiting,
+    Prewarm,
+    RankGroups,
+    RunAccepted,
+    Shutdown,
+    TakeStacks,
+)
+from serverless_gpu.wire.runpaths import RunPaths
+from serverless_gpu.wire.runspec import RunSpec
 
 _SHUTDOWN_WAIT_S = 3.0
 OVERDUE_MARGIN_S = 15.0
@@ -59,7 +69,7 @@ class _LauncherClient:
         ours, theirs = socket.socketpair()
         self.log_path = launcher_log_path()
         log = open(self.log_path, "ab")  # noqa: SIM115
-        package_parent = str(Path(serverless_gpu.__file__).resolve().parent.parent)
+        package_parent = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
         args = [sys.executable, "-m", "serverless_gpu.launcher", str(theirs.fileno())]
@@ -275,8 +285,7 @@ class LocalBackend:
     def _start_watchdog(self, spec: RunSpec, reach: float = 0.0) -> None:
         if spec.timeout is None:
             return
-        stopping = CAPTURE_S + float(spec.config.stop_grace)
-        after = reach + spec.timeout + stopping + spec.grace + OVERDUE_MARGIN_S
+        after = reach + spec.timeout + spec.stop_s + OVERDUE_MARGIN_S
         when = f"{after:g} s after it {'was sent' if reach else 'started'}"
         watchdog = threading.Timer(after, self._overdue, (spec.run_id, when))
         watchdog.daemon = True

@@ -8,7 +8,7 @@ import sys
 def main() -> None:
     """The console script's entry point: says which extra to install when click is missing."""
     try:
-        from .app import main as app
+        from serverless_gpu.cli.app import main as app
     except ImportError as exc:
         sys.exit(
             f"serverless-gpu: the command line needs {exc.name or 'its dependencies'}; "

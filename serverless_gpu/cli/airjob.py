@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..aliases import node_shape
-from ..errors import ConfigurationError
-from ..gpus import cpu_mode_requested, resolve_placement
-from .jobtypes import DEFAULT_TIMEOUT_S, EnvName, EnvValue
+from serverless_gpu.cli.jobtypes import DEFAULT_TIMEOUT_S, EnvName, EnvValue
+from serverless_gpu.common.errors import ConfigurationError
+from serverless_gpu.common.gpus import cpu_mode_requested, resolve_placement
+from serverless_gpu.wire.accelerators import node_shape
 
 PLATFORM_KEYS = (
     "environment",

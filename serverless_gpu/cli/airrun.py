@@ -22,11 +22,11 @@ from typing import Any
 
 import yaml
 
-from ..env import free_port
-from ..lifetime import terminate_groups
-from ..stop import ATTEMPT_ENV
-from .airjob import AirJob
-from .launch import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TIMED_OUT
+from serverless_gpu.cli.airjob import AirJob
+from serverless_gpu.cli.launch import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TIMED_OUT
+from serverless_gpu.common.lifetime import terminate_groups
+from serverless_gpu.rank.stop_request import ATTEMPT_ENV
+from serverless_gpu.wire.env import free_port
 
 STOP_GRACE_S = 10.0
 """How long the command's processes get between SIGTERM and SIGKILL."""
@@ -165,7 +165,7 @@ class _MlflowRun:
         try:
             import mlflow
 
-            from ..tracking.store import reachable
+            from serverless_gpu.tracking.store import reachable
         except ImportError:
             return cls()
         uri = env.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()

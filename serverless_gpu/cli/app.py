@@ -15,10 +15,10 @@ from typing import Any
 import click
 import yaml
 
-from ..console import OUTPUT_CHOICES
-from ..errors import ConfigurationError, DistributedError
-from ..scripts import ScriptTarget
-from .jobfile import DEFAULT_TIMEOUT_S, JobSpec, load_job
+from serverless_gpu.api.scripts import ScriptTarget
+from serverless_gpu.cli.jobfile import DEFAULT_TIMEOUT_S, JobSpec, load_job
+from serverless_gpu.common.errors import ConfigurationError, DistributedError
+from serverless_gpu.wire.config import OUTPUT_CHOICES
 
 # Everything after the script (or module) belongs to it, as with `python script.py args`.
 _RUN_SETTINGS = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
@@ -90,7 +90,7 @@ def run(**params: Any) -> None:
     __name__ == "__main__"). Exit status: 0 success, 1 a rank failed, 2 bad options,
     124 timed out, 130 interrupted or cancelled.
     """
-    from .launch import detach, read_job, run_job
+    from serverless_gpu.cli.launch import detach, read_job, run_job
 
     ctx = click.get_current_context()
     command = params["command"]
@@ -120,8 +120,8 @@ class BadRun(click.ClickException):
 
 def _run_file(ctx: click.Context, params: dict[str, Any]) -> None:
     """A job file of air's format runs here (and ends the command); ours falls through."""
-    from .airjob import AirJob
-    from .airrun import effective, run_air_job, say_ignored
+    from serverless_gpu.cli.airjob import AirJob
+    from serverless_gpu.cli.airrun import effective, run_air_job, say_ignored
 
     if params["command"]:
         raise ConfigurationError("give a job file (-f) or a script, not both")
@@ -209,7 +209,7 @@ def runs() -> None:
 @click.option("-n", "--limit", type=click.IntRange(min=1), default=20, show_default=True)
 def runs_list(limit: int) -> None:
     """ID, name, status, GPUs, start, duration and MLflow link of the latest runs."""
-    from .runs import list_table
+    from serverless_gpu.cli.runs import list_table
 
     try:
         lines = list_table(limit)
@@ -223,7 +223,7 @@ def runs_list(limit: int) -> None:
 @click.argument("run_id")
 def runs_show(run_id: str) -> None:
     """Everything known about one run: record, logs, MLflow run and its latest metrics."""
-    from .runs import find_run, show_lines
+    from serverless_gpu.cli.runs import find_run, show_lines
 
     for line in show_lines(_found(find_run, run_id)):
         click.echo(line)
@@ -235,7 +235,7 @@ def runs_show(run_id: str) -> None:
 @click.option("--follow", is_flag=True, help="Keep printing until the run ends.")
 def runs_logs(run_id: str, rank: int | None, follow: bool) -> None:
     """A run's per-rank logs ([rank N] prefixes when there are several)."""
-    from .runs import find_run, print_logs
+    from serverless_gpu.cli.runs import find_run, print_logs
 
     run = _found(find_run, run_id)
     try:
@@ -249,7 +249,7 @@ def runs_logs(run_id: str, rank: int | None, follow: bool) -> None:
 @click.argument("run_id")
 def runs_cancel(run_id: str) -> None:
     """Stop a run started with `serverless-gpu run` (e.g. --detach): every rank ends."""
-    from .runs import cancel, find_run
+    from serverless_gpu.cli.runs import cancel, find_run
 
     run = _found(find_run, run_id)
     try:

@@ -36,12 +36,12 @@ from pydantic import (
     ValidationError,
 )
 
-from ..errors import ConfigurationError
-from ..scripts import ScriptTarget
-from .jobtypes import DEFAULT_TIMEOUT_S, EnvName, EnvValue, Text
+from serverless_gpu.api.scripts import ScriptTarget
+from serverless_gpu.cli.jobtypes import DEFAULT_TIMEOUT_S, EnvName, EnvValue, Text
+from serverless_gpu.common.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from .airjob import AirJob
+    from serverless_gpu.cli.airjob import AirJob
 
 _PYTHONS = {"python", "python3"}
 MAX_JOB_FILE_BYTES = 1 << 20
@@ -102,7 +102,10 @@ def load_job(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec | AirJo
     """The job file as a :class:`JobSpec`, or an :class:`~.airjob.AirJob` for a file of air's
     format (see :func:`~.airjob.is_air_format`), its ``_bases_`` merged under it and the
     ``--override key=value`` items applied; a ConfigurationError names the line and the key."""
-    from .airjob import AirJob, is_air_format  # airjob builds on this module's types
+    from serverless_gpu.cli.airjob import (  # airjob builds on this module's types
+        AirJob,
+        is_air_format,
+    )
 
     path = Path(path)
     node, data = _parse(path)
@@ -251,7 +254,7 @@ def _describe(
 def _known(key: str, model: type[BaseModel], air: bool) -> str:
     """A hint for an unknown key: its place in this format when it belongs to the other
     one, else the closest known key, else the known keys."""
-    from .airjob import mapping_hint
+    from serverless_gpu.cli.airjob import mapping_hint
 
     mapped = mapping_hint(key, air)
     if mapped is not None:

@@ -21,14 +21,14 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from ..console import ConsolePrinter
-from ..errors import CancelledError, ConfigurationError, DistributedTimeoutError
-from ..hooks import RunContext, register_hook, unregister_hook
-from ..runpaths import RunPaths
-from ..runrecord import read_record, update_record
-from ..scripts import script_function
-from ..vocabulary import CLI, speaking
-from .jobfile import JobSpec
+from serverless_gpu.api.scripts import script_function
+from serverless_gpu.caller.console import ConsolePrinter
+from serverless_gpu.caller.hooks import RunContext, register_hook, unregister_hook
+from serverless_gpu.caller.runrecord import read_record, update_record
+from serverless_gpu.cli.jobfile import JobSpec
+from serverless_gpu.common.errors import CancelledError, ConfigurationError, DistributedTimeoutError
+from serverless_gpu.common.vocabulary import CLI, speaking
+from serverless_gpu.wire.runpaths import RunPaths
 
 EXIT_FAILED = 1
 EXIT_TIMED_OUT = 124

@@ -14,9 +14,9 @@ from typing import Any
 
 import psutil
 
-from ..errors import ConfigurationError
-from ..runpaths import RunPaths
-from ..runrecord import RUNNING, RunInfo, list_runs, read_record
+from serverless_gpu.caller.runrecord import RUNNING, RunInfo, list_runs, read_record
+from serverless_gpu.common.errors import ConfigurationError
+from serverless_gpu.wire.runpaths import RunPaths
 
 _FOLLOW_POLL_S = 0.2
 _CANCEL_WAIT_S = 30.0
@@ -148,7 +148,7 @@ def _mlflow_lines(mlflow_info: dict[str, Any]) -> list[str]:
     try:
         from mlflow import MlflowClient
 
-        from ..tracking.store import reachable
+        from serverless_gpu.tracking.store import reachable
 
         if not reachable(uri):
             return [f"mlflow:    the tracking server {uri} does not answer"]

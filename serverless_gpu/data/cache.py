@@ -23,7 +23,7 @@ from hashlib import sha1
 from pathlib import Path
 from typing import BinaryIO
 
-from serverless_gpu import settings
+from serverless_gpu.common import settings
 from serverless_gpu.data.errors import CacheFullError, VolumeReadError
 
 __all__ = ["CachePin", "LocalCache", "default_cache_dir"]

@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 import torch.utils.data
 from torch.utils.data import get_worker_info
 
-from serverless_gpu import runtime
 from serverless_gpu.data.checkpointable import Checkpointable
+from serverless_gpu.rank import runtime
 from serverless_gpu.tracking.settings import MLFLOW_RUN_ID_ENV
 
 __all__ = ["LOG_INTERVAL_S", "METRICS", "DataLoader"]

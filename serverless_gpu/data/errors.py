@@ -7,7 +7,7 @@ exceptions in the main process by calling ``type(exc)(message)``, which must kee
 
 from __future__ import annotations
 
-from ..errors import DistributedError
+from serverless_gpu.common.errors import DistributedError
 
 __all__ = [
     "CacheFullError",

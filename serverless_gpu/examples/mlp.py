@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from serverless_gpu import distributed, runtime
-from serverless_gpu.gpus import visible_gpu_names
+from serverless_gpu.common.gpus import visible_gpu_names
 
 
 class SimpleMLP(nn.Module):

@@ -6,11 +6,11 @@ mlflow; see ``docs/tracking.md``.
 
 from __future__ import annotations
 
-from ..hooks import register_hook
-from .errors import TrackingWarning
-from .hook import tracking_hook
-from .latest import LatestMetrics
-from .ui import stop_ui, ui
+from serverless_gpu.caller.hooks import register_hook
+from serverless_gpu.tracking.errors import TrackingWarning
+from serverless_gpu.tracking.hook import tracking_hook
+from serverless_gpu.tracking.latest import LatestMetrics
+from serverless_gpu.tracking.ui import stop_ui, ui
 
 register_hook(tracking_hook, order=10)
 

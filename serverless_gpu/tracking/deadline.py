@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from .errors import TrackingUnavailableError
+from serverless_gpu.tracking.errors import TrackingUnavailableError
 
 T = TypeVar("T")
 

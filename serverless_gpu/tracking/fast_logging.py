@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, SupportsFloat
 
-from .fast_artifacts import RunArtifacts
-from .rank_buffer import RankBuffer
+from serverless_gpu.tracking.fast_artifacts import RunArtifacts
+from serverless_gpu.tracking.rank_buffer import RankBuffer
 
 
 def _now_ms() -> int:

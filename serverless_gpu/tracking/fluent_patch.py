@@ -11,8 +11,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from .fast_logging import FastLogging
-from .rank_buffer import RankBuffer
+from serverless_gpu.tracking.fast_logging import FastLogging
+from serverless_gpu.tracking.rank_buffer import RankBuffer
 
 PATCHED = (
     "log_metric", "log_metrics", "log_param", "log_params", "set_tag", "set_tags",

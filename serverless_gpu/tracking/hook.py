@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import warnings
 
-from ..events import Subscriber
-from ..hooks import RunContext
-from .errors import TrackingWarning
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.tracking.errors import TrackingWarning
+from serverless_gpu.wire.events import Subscriber
 
 _missing_mlflow_warned: list[bool] = []
 
@@ -33,7 +33,7 @@ def tracking_hook(ctx: RunContext) -> Subscriber | None:
             stacklevel=2,
         )
         return None
-    from .tracker import start_tracking
+    from serverless_gpu.tracking.tracker import start_tracking
 
     try:
         return start_tracking(ctx)

@@ -3,8 +3,8 @@ batches ranks send, which every subscriber receives, whether or not MLflow takes
 
 from __future__ import annotations
 
-from ..events import Event, RankMessage
-from .settings import MESSAGE_KIND
+from serverless_gpu.tracking.settings import MESSAGE_KIND
+from serverless_gpu.wire.events import Event, RankMessage
 
 
 class LatestMetrics:

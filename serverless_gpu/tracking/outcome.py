@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..events import RunFinished, RunStatus
-from ..runpaths import RunPaths
-from ..serialization import load_from_file
-from . import records
+from serverless_gpu.runfiles.serialization import load_from_file
+from serverless_gpu.tracking import records
+from serverless_gpu.wire.events import RunFinished, RunStatus
+from serverless_gpu.wire.runpaths import RunPaths
 
 MLFLOW_STATUS = {
     RunStatus.SUCCEEDED: "FINISHED",

@@ -16,10 +16,15 @@ import warnings
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from .. import runtime
-from .errors import TrackingWarning
-from .rank_buffer import RankBuffer
-from .settings import ARTIFACT_URI_ENV, FLUSH_INTERVAL_ENV, MLFLOW_RUN_ID_ENV, env_float
+from serverless_gpu.rank import runtime
+from serverless_gpu.tracking.errors import TrackingWarning
+from serverless_gpu.tracking.rank_buffer import RankBuffer
+from serverless_gpu.tracking.settings import (
+    ARTIFACT_URI_ENV,
+    FLUSH_INTERVAL_ENV,
+    MLFLOW_RUN_ID_ENV,
+    env_float,
+)
 
 
 def install() -> None:
@@ -36,7 +41,7 @@ def install() -> None:
 
 
 def _patch(buffer: RankBuffer) -> None:
-    from .fluent_patch import install as install_fast_logging
+    from serverless_gpu.tracking.fluent_patch import install as install_fast_logging
 
     try:
         install_fast_logging(

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .settings import MESSAGE_KIND
+from serverless_gpu.tracking.settings import MESSAGE_KIND
 
 Send = Callable[[str, Any], None]
 MetricPoint = tuple[str, float, int, int]

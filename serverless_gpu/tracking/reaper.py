@@ -9,7 +9,7 @@ import socket
 import psutil
 from mlflow import MlflowClient
 
-from . import records
+from serverless_gpu.tracking import records
 
 _MAX_RUNS = 1000
 

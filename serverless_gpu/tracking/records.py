@@ -8,7 +8,7 @@ import socket
 
 import psutil
 
-from ..hooks import RunContext
+from serverless_gpu.caller.hooks import RunContext
 
 PREFIX = "serverless_gpu."
 """Our params and tags are namespaced so that a user's ``log_param("gpus", ...)`` in a rank

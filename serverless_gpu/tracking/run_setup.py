@@ -16,9 +16,9 @@ from mlflow.entities import Run
 from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-from ..hooks import RunContext
-from . import records
-from .settings import ARTIFACT_URI_ENV, MLFLOW_RUN_ID_ENV
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.tracking import records
+from serverless_gpu.tracking.settings import ARTIFACT_URI_ENV, MLFLOW_RUN_ID_ENV
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-from . import store
-from .ui import stop_ui, ui, wait_served
+from serverless_gpu.tracking import store
+from serverless_gpu.tracking.ui import stop_ui, ui, wait_served
 
 
 def main(argv: list[str]) -> int:

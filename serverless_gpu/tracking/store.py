@@ -9,8 +9,8 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlparse
 
-from . import ui_gate
-from .settings import PROBE_TIMEOUT_S
+from serverless_gpu.tracking import ui_gate
+from serverless_gpu.tracking.settings import PROBE_TIMEOUT_S
 
 _ui_addresses: dict[str, str] = {}
 """Store URI -> address of the MLflow UI this process serves for it (see ``ui()``)."""

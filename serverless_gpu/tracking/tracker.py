@@ -18,16 +18,15 @@ from functools import partial
 import mlflow
 from mlflow import MlflowClient
 
-from ..events import Event, RankMessage, RunFinished, RunStarted, SystemMetrics
-from ..hooks import RunContext
-from . import private, records, store
-from .deadline import call_with_deadline
-from .errors import TrackingUnavailableError, TrackingWarning
-from .experiment import mark_training_experiment
-from .outcome import mlflow_status, outcome_tags
-from .reaper import end_orphaned_runs
-from .run_setup import MlflowRun, mlflow_env, open_run
-from .settings import (
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.tracking import private, records, store
+from serverless_gpu.tracking.deadline import call_with_deadline
+from serverless_gpu.tracking.errors import TrackingUnavailableError, TrackingWarning
+from serverless_gpu.tracking.experiment import mark_training_experiment
+from serverless_gpu.tracking.outcome import mlflow_status, outcome_tags
+from serverless_gpu.tracking.reaper import end_orphaned_runs
+from serverless_gpu.tracking.run_setup import MlflowRun, mlflow_env, open_run
+from serverless_gpu.tracking.settings import (
     LOG_UPLOAD_INTERVAL_ENV,
     MESSAGE_KIND,
     MLFLOW_RUN_ID_ENV,
@@ -36,8 +35,9 @@ from .settings import (
     UNSENT_FILE,
     env_float,
 )
-from .spill import Spill
-from .writer import Writer
+from serverless_gpu.tracking.spill import Spill
+from serverless_gpu.tracking.writer import Writer
+from serverless_gpu.wire.events import Event, RankMessage, RunFinished, RunStarted, SystemMetrics
 
 _open: set[RunTracker] = set()
 """Trackers whose run has not ended; ended as KILLED if the caller exits first."""

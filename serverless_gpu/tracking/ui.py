@@ -35,8 +35,8 @@ from typing import Any
 
 import psutil
 
-from .. import rundirs
-from . import private, store, ui_gate
+from serverless_gpu.runfiles import rundirs
+from serverless_gpu.tracking import private, store, ui_gate
 
 _START_TIMEOUT_S = 120.0
 _LOG_PREFIX = "mlflow-ui-"

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import ui_gate
+from serverless_gpu.tracking import ui_gate
 
 _POLL_S = 0.5
 _GRACE_S = 3.0

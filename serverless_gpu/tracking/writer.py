@@ -21,9 +21,9 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
-from ..runpaths import LOG_GLOB, RunPaths
-from . import private
-from .spill import Spill
+from serverless_gpu.tracking import private
+from serverless_gpu.tracking.spill import Spill
+from serverless_gpu.wire.runpaths import LOG_GLOB, RunPaths
 
 _MERGE_METRICS = 5000
 """Queued batches are merged into one write up to this many points."""

@@ -23,8 +23,8 @@ from mlflow import MlflowClient
 
 from serverless_gpu.cli.airjob import AirJob
 from serverless_gpu.cli.jobfile import JobSpec, load_job
-from serverless_gpu.errors import ConfigurationError, GPUConfigError
-from serverless_gpu.gpus import visible_gpu_names
+from serverless_gpu.common.errors import ConfigurationError, GPUConfigError
+from serverless_gpu.common.gpus import visible_gpu_names
 
 TRAIN = """
     import json

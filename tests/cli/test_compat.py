@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from serverless_gpu import distributed
+from serverless_gpu.common.errors import ConfigurationError
 from serverless_gpu.compat import TorchDistributor
-from serverless_gpu.errors import ConfigurationError
 
 SCRIPT = """
     import json

@@ -13,7 +13,7 @@ from conftest import COMMAND, Cli
 from mlflow import MlflowClient
 
 from serverless_gpu.cli.jobfile import JobSpec, load_job
-from serverless_gpu.errors import ConfigurationError
+from serverless_gpu.common.errors import ConfigurationError
 
 GOOD = """
     command: python greet.py --who "nightly run"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from conftest import Cli
 
-from serverless_gpu.rundirs import new_run_dir, release_run
-from serverless_gpu.runrecord import update_record
+from serverless_gpu.caller.runrecord import update_record
+from serverless_gpu.runfiles.rundirs import new_run_dir, release_run
 
 DAMAGES = [
     '{"links": 5}',

@@ -1,4 +1,4 @@
-"""How a rank runs a script or module (``serverless_gpu.scripts``), and the console script."""
+"""How a rank runs a script or module (``serverless_gpu.api.scripts``), and the console script."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from serverless_gpu.scripts import ScriptTarget, run_target
+from serverless_gpu.api.scripts import ScriptTarget, run_target
 
 REPORT = """
     import sys

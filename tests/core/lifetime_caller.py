@@ -21,7 +21,7 @@ import time
 
 from serverless_gpu import distributed, runtime
 from serverless_gpu.backends.local import default_backend
-from serverless_gpu.events import Event, RankStarted
+from serverless_gpu.wire.events import Event, RankStarted
 
 gpus, gpu_type = int(sys.argv[1]), (sys.argv[2] if sys.argv[2] != "auto" else None)
 standby = "no-standby" not in sys.argv[3:]

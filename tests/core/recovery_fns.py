@@ -86,7 +86,8 @@ def resets_signals(marker_dir: str, handler_ranks: list[int], seconds: float) ->
     which ends the process. Then it works ``seconds`` without checking ``should_stop``."""
     import signal
 
-    from serverless_gpu import runtime, stacks
+    from serverless_gpu import runtime
+    from serverless_gpu.doctor import stacks
 
     open(os.path.join(marker_dir, f"attempt_{runtime.attempt()}_{os.getpid()}"), "w").close()
     if runtime.get_global_rank() in handler_ranks:

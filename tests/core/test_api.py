@@ -16,8 +16,8 @@ import pytest
 
 import serverless_gpu
 from serverless_gpu import DistributedConfig, GPUType, RunResult, distributed, runtime
-from serverless_gpu.errors import ConfigurationError, UsageError
-from serverless_gpu.events import (
+from serverless_gpu.common.errors import ConfigurationError, UsageError
+from serverless_gpu.wire.events import (
     RankFinished,
     RankStarted,
     RunFinished,

@@ -12,7 +12,7 @@ import pytest
 
 import serverless_gpu
 from serverless_gpu import CancelledError, RunHandle, distributed
-from serverless_gpu.events import RunStatus
+from serverless_gpu.wire.events import RunStatus
 
 _WAIT_S = 60.0
 

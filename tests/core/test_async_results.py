@@ -20,9 +20,9 @@ from eventually import eventually
 
 import serverless_gpu
 from serverless_gpu import distributed
-from serverless_gpu.events import RunFinished, RunStatus
-from serverless_gpu.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV
-from serverless_gpu.runrecord import read_record
+from serverless_gpu.caller.runrecord import read_record
+from serverless_gpu.runfiles.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV
+from serverless_gpu.wire.events import RunFinished, RunStatus
 
 pytestmark = pytest.mark.timeout(300)
 _WAIT_S = 60.0

@@ -6,7 +6,7 @@ import pytest
 
 import serverless_gpu
 from serverless_gpu import RunResult, distributed
-from serverless_gpu.trials import trial_params
+from serverless_gpu.api.trials import trial_params
 
 
 @pytest.fixture(autouse=True)

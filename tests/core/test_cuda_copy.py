@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from serverless_gpu import cuda_copy, file_space, tensor_file
-from serverless_gpu.serialization import load_result
+from serverless_gpu.runfiles import cuda_copy, file_space, tensor_file
+from serverless_gpu.runfiles.serialization import load_result
 
 
 def _bytes(n: int, seed: int) -> torch.Tensor:

@@ -18,8 +18,8 @@ import pytest
 
 import serverless_gpu
 from serverless_gpu import ConfigurationError, DistributedError, distributed
-from serverless_gpu.errors import PayloadTooLargeError, WaitTimeoutError
-from serverless_gpu.serialization import dump_payload
+from serverless_gpu.common.errors import PayloadTooLargeError, WaitTimeoutError
+from serverless_gpu.runfiles.serialization import dump_payload
 
 MiB = 2**20
 

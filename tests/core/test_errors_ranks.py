@@ -25,7 +25,7 @@ from serverless_gpu import (
     distributed,
     runtime,
 )
-from serverless_gpu.errors import RemoteTraceback
+from serverless_gpu.common.errors import RemoteTraceback
 
 _PACKAGE_PARENT = str(Path(serverless_gpu.__file__).resolve().parent.parent)
 """The checkout under test, also for the scripts these tests start."""

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from serverless_gpu import AcceleratorType, distributed, errors, exceptions, runtime
+from serverless_gpu import AcceleratorType, distributed, exceptions, runtime
+from serverless_gpu.common import errors
 from serverless_gpu.exceptions import (
     GPUTypeError,
     GPUValidationError,

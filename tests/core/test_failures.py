@@ -18,8 +18,8 @@ from serverless_gpu import (
     distributed,
     runtime,
 )
-from serverless_gpu.errors import PayloadTooLargeError, RemoteTraceback
-from serverless_gpu.events import RunStatus
+from serverless_gpu.common.errors import PayloadTooLargeError, RemoteTraceback
+from serverless_gpu.wire.events import RunStatus
 
 
 class ShapeMismatch(ValueError):
@@ -229,7 +229,7 @@ def test_a_peer_that_lost_its_connection_is_not_the_root_cause_of_a_crash() -> N
     """The survivor's "connection closed by peer" can be recorded before the launcher sees the
     crashed rank's exit (a busy machine): the crash is still the root cause, whatever the
     order of the records; between failures of one kind, the first in time is."""
-    from serverless_gpu.errors import root_cause
+    from serverless_gpu.common.errors import root_cause
 
     lost = (1.0, 0, "raised RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:4242")
     crash = (1.2, 1, "exited with code 1")

@@ -8,7 +8,7 @@ import struct
 import threading
 from multiprocessing.connection import Connection
 
-from serverless_gpu.channel import Channel, Undecodable
+from serverless_gpu.wire.channel import Channel, Undecodable
 
 
 def _pair() -> tuple[Channel, Connection]:

@@ -19,8 +19,8 @@ import psutil
 import pytest
 
 from serverless_gpu import distributed, runtime
-from serverless_gpu.errors import DistributedError, DistributedTimeoutError, StorageError
-from serverless_gpu.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV
+from serverless_gpu.common.errors import DistributedError, DistributedTimeoutError, StorageError
+from serverless_gpu.runfiles.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV
 
 
 def _launcher() -> psutil.Process:
@@ -79,7 +79,7 @@ _FORK_FAILS = """
 import sys
 from pathlib import Path
 from serverless_gpu import distributed
-from serverless_gpu.errors import DistributedError
+from serverless_gpu.common.errors import DistributedError
 
 @distributed(gpus=2, tracking=False, output="none", standby=False)
 def launcher_pid():

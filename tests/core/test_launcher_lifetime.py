@@ -17,9 +17,9 @@ import pytest
 
 import serverless_gpu
 from serverless_gpu import distributed
-from serverless_gpu.errors import DistributedError
-from serverless_gpu.events import Event, RankMessage, RankStarted
-from serverless_gpu.rundirs import RUNS_DIR_ENV
+from serverless_gpu.common.errors import DistributedError
+from serverless_gpu.runfiles.rundirs import RUNS_DIR_ENV
+from serverless_gpu.wire.events import Event, RankMessage, RankStarted
 
 WaitGone = Callable[..., set[int]]
 

@@ -25,7 +25,7 @@ CALLER = textwrap.dedent(
     from pathlib import Path
     from serverless_gpu import distributed
     from serverless_gpu.backends.local import default_backend
-    from serverless_gpu.gpus import resolve_placement
+    from serverless_gpu.common.gpus import resolve_placement
 
     started = Path(sys.argv[1])
     default_backend().prewarm(resolve_placement(2, "cpu"), ("slow_to_import",))

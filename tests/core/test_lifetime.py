@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from serverless_gpu import distributed
-from serverless_gpu.proctitle import is_launcher
-from serverless_gpu.rundirs import KEEP_RUNS_ENV, RESULTS_DIR_ENV, RUNS_DIR_ENV
+from serverless_gpu.common.proctitle import is_launcher
+from serverless_gpu.runfiles.rundirs import KEEP_RUNS_ENV, RESULTS_DIR_ENV, RUNS_DIR_ENV
 
 WaitGone = Callable[..., set[int]]
 _CALLER = Path(__file__).with_name("lifetime_caller.py")

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from serverless_gpu import distributed, runtime
-from serverless_gpu.events import OutputLines
-from serverless_gpu.output import HOT_GAP_S, PAUSE_S, LineSplitter, OutputPacer
+from serverless_gpu.common.output import HOT_GAP_S, PAUSE_S, LineSplitter, OutputPacer
+from serverless_gpu.wire.events import OutputLines
 
 
 def test_console_shows_rank0_and_all_stderr_and_logs_keep_everything(

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from serverless_gpu import distributed
-from serverless_gpu.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV, results_root
+from serverless_gpu.runfiles.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV, results_root
 
 
 @pytest.fixture

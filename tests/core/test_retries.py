@@ -16,9 +16,9 @@ from serverless_gpu import (
     distributed,
 )
 from serverless_gpu import DistributedConfig as distributed_config
-from serverless_gpu.events import OutputLines
-from serverless_gpu.hooks import RunContext, Subscriber, register_hook, unregister_hook
-from serverless_gpu.retries import retryable
+from serverless_gpu.caller.hooks import RunContext, Subscriber, register_hook, unregister_hook
+from serverless_gpu.caller.retries import retryable
+from serverless_gpu.wire.events import OutputLines
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -53,7 +53,7 @@ def test_retry_on_retries_the_named_exception_and_lists_every_attempt(tmp_path: 
 
 
 def test_what_is_retried() -> None:
-    from serverless_gpu.errors import RankFailure
+    from serverless_gpu.common.errors import RankFailure
 
     crash = RankFailedError(RankFailure(1, 0.0, 1, None, "exited with code 1"))
     assert retryable(crash)

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from serverless_gpu import tensor_file
-from serverless_gpu.serialization import dump_result, load_result
+from serverless_gpu.runfiles import tensor_file
+from serverless_gpu.runfiles.serialization import dump_result, load_result
 
 DTYPES = sorted(
     {value for value in vars(torch).values() if isinstance(value, torch.dtype)}, key=str

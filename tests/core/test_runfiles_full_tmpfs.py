@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from serverless_gpu.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV
+from serverless_gpu.runfiles.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV
 
 _CALL_TIMEOUT_S = 240
 
@@ -171,8 +171,8 @@ def test_a_call_starting_on_a_full_results_tmpfs_keeps_its_results_in_the_run_di
 def test_a_run_that_cannot_be_made_on_a_full_disk_leaves_nothing(
     mount_tmpfs: MountTmpfs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from serverless_gpu.errors import DistributedError
-    from serverless_gpu.rundirs import new_run_dir
+    from serverless_gpu.common.errors import DistributedError
+    from serverless_gpu.runfiles.rundirs import new_run_dir
 
     full = mount_tmpfs("1m")
     runs = full / "runs"

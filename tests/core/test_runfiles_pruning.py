@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from serverless_gpu import distributed, rundirs
-from serverless_gpu.rundirs import (
+from serverless_gpu import distributed
+from serverless_gpu.runfiles import rundirs
+from serverless_gpu.runfiles.rundirs import (
     KEEP_RUNS_ENV,
     MARKER,
     RESULTS_DIR_ENV,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from serverless_gpu.errors import DistributedError
-from serverless_gpu.rundirs import (
+from serverless_gpu.common.errors import DistributedError
+from serverless_gpu.runfiles.rundirs import (
     KEEP_RUNS_ENV,
     RESULTS_DIR_ENV,
     RUNS_DIR_ENV,

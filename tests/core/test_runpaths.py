@@ -6,11 +6,11 @@ import pickle
 import re
 from pathlib import Path
 
-from serverless_gpu.config import DistributedConfig
-from serverless_gpu.gpus import GPUType, Placement
-from serverless_gpu.protocol import RankSpec
-from serverless_gpu.runpaths import RunPaths
-from serverless_gpu.runspec import RunSpec
+from serverless_gpu.common.gpus import GPUType, Placement
+from serverless_gpu.wire.config import DistributedConfig
+from serverless_gpu.wire.protocol import RankSpec
+from serverless_gpu.wire.runpaths import RunPaths
+from serverless_gpu.wire.runspec import RunSpec
 
 _ROOT = Path(__file__).parents[2]
 _RUN_FILE_NAMES = re.compile(
@@ -28,7 +28,7 @@ def test_every_run_file_name_is_spelled_only_in_runpaths() -> None:
         for path in (_ROOT / package).rglob("*.py")
         if _RUN_FILE_NAMES.search(path.read_text())
     }
-    assert spelled == {"serverless_gpu/runpaths.py"}
+    assert spelled == {"serverless_gpu/wire/runpaths.py"}
 
 
 def test_run_paths_name_the_files_of_a_run(tmp_path: Path) -> None:

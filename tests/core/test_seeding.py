@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from serverless_gpu import distributed
 from serverless_gpu.backends.local import default_backend
-from serverless_gpu.gpus import resolve_placement
+from serverless_gpu.common.gpus import resolve_placement
 
 
 @distributed(gpus=2, gpu_type="cpu", output="none", tracking=False)

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from serverless_gpu import ConfigurationError, DistributedError, distributed, runtime, settings
-from serverless_gpu.errors import PayloadTooLargeError, UsageError
-from serverless_gpu.settings import MAX_CPU_RANKS, MAX_GRACE_S
+from serverless_gpu import ConfigurationError, DistributedError, distributed, runtime
+from serverless_gpu.common import settings
+from serverless_gpu.common.errors import PayloadTooLargeError, UsageError
+from serverless_gpu.common.settings import MAX_CPU_RANKS, MAX_GRACE_S
 
 BAD_ENVIRONMENT = [
     ("SERVERLESS_GPU_CPU_RANKS", "0"),
@@ -73,7 +74,7 @@ def test_good_environment_values_are_used(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_every_variable_the_package_reads_is_registered() -> None:
     """A new SERVERLESS_GPU_* variable must be added to settings.py, where start() checks it."""
-    package = Path(settings.__file__).parent
+    package = Path(settings.__file__).parents[1]  # serverless_gpu/
     roots = [package, package.parent / "jupyter_ext"]
     named = {
         name

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from serverless_gpu import CancelledError, DistributedTimeoutError, distributed
-from serverless_gpu.events import OutputLines
-from serverless_gpu.stack_text import main_thread_frames
+from serverless_gpu.doctor.stack_text import main_thread_frames
+from serverless_gpu.wire.events import OutputLines
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -104,7 +104,7 @@ def test_a_silent_rank_is_named_and_nothing_is_stopped(
 
 
 def test_flight_recorder_is_on_in_gpu_ranks_only() -> None:
-    from serverless_gpu.env import rank_env
+    from serverless_gpu.wire.env import rank_env
 
     def env(device: str, base: dict[str, str]) -> dict[str, str]:
         return rank_env(
@@ -118,8 +118,8 @@ def test_flight_recorder_is_on_in_gpu_ranks_only() -> None:
 
 
 def test_hang_watch_warns_once_per_silence_and_withdraws() -> None:
-    from serverless_gpu.events import RankStarted
-    from serverless_gpu.hangs import HangWatch
+    from serverless_gpu.caller.hangs import HangWatch
+    from serverless_gpu.wire.events import RankStarted
 
     watch = HangWatch("r", 10.0)
     for rank in (0, 1):

@@ -9,7 +9,7 @@ import psutil
 
 import serverless_gpu
 from serverless_gpu import distributed
-from serverless_gpu.proctitle import is_launcher
+from serverless_gpu.common.proctitle import is_launcher
 
 
 def _launcher() -> psutil.Process:

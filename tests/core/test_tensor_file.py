@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from serverless_gpu import distributed, tensor_file
-from serverless_gpu.serialization import dump_result, load_result
+from serverless_gpu import distributed
+from serverless_gpu.runfiles import tensor_file
+from serverless_gpu.runfiles.serialization import dump_result, load_result
 
 
 def _sample() -> dict[str, Any]:

@@ -18,7 +18,7 @@ import warm_fns
 from test_runfiles_roots import other_user  # noqa: F401 - the second local user, a fixture
 
 from serverless_gpu import distributed
-from serverless_gpu.proctitle import is_launcher
+from serverless_gpu.common.proctitle import is_launcher
 
 OPTIONS: dict[str, Any] = {"gpus": 2, "timeout": 120, "tracking": False, "output": "none"}
 

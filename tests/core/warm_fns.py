@@ -76,8 +76,8 @@ def last_collective_after_three(folder: str) -> str:
     """Three all-reduces, then the flight recorder as the hang doctor reads it."""
     from pathlib import Path
 
-    from serverless_gpu import flight
-    from serverless_gpu.runpaths import RunPaths
+    from serverless_gpu.doctor import flight
+    from serverless_gpu.wire.runpaths import RunPaths
 
     dist.init_process_group("gloo")
     for _ in range(3):

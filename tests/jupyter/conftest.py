@@ -13,7 +13,8 @@ from jupyter_helpers import Kernel, KernelFactory, children, wait_gone, write_ip
 
 import serverless_gpu
 from jupyter_ext import lifecycle
-from serverless_gpu import hooks, tracking
+from serverless_gpu import tracking
+from serverless_gpu.caller import hooks
 
 LEFTOVER_GRACE_S = 5.0
 

@@ -21,7 +21,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Test kernels do not track runs in MLflow: importing mlflow and creating a store costs more
 # than the rest of a test, and tracking has its own tests.
 NO_TRACKING = (
-    "import serverless_gpu.hooks as _h, serverless_gpu.tracking as _t; "
+    "import serverless_gpu.caller.hooks as _h, serverless_gpu.tracking as _t; "
     "_h.unregister_hook(_t.tracking_hook)"
 )
 # Stands in for the tracking hook where a test needs ``ctx.links["mlflow"]`` (order 10, like it).

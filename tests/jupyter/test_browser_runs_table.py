@@ -36,7 +36,7 @@ pytestmark = [
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs {CHROMIUM}"),
 ]
 NOTEBOOK = "runs_table.ipynb"
-TRACKED = "import serverless_gpu.hooks as _h, serverless_gpu.tracking as _t"
+TRACKED = "import serverless_gpu.caller.hooks as _h, serverless_gpu.tracking as _t"
 CELLS = [
     # 0: MLflow tracking on (the test profile turns it off): parent run, links, metrics
     "%load_ext jupyter_ext\n"

@@ -7,7 +7,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_ext import lifecycle
 from jupyter_ext.hook import render_run
-from serverless_gpu import hooks
+from serverless_gpu.caller import hooks
 
 
 def _hook_count() -> int:

@@ -19,13 +19,13 @@ from jupyter_ext import html_view
 from jupyter_ext.runstate import RunView
 from jupyter_ext.text_renderer import TextRenderer
 from jupyter_ext.widget import WidgetRenderer
-from serverless_gpu.config import DistributedConfig
-from serverless_gpu.events import RunFinished, RunStatus
-from serverless_gpu.gpus import GPUType, Placement
-from serverless_gpu.hooks import RunContext
-from serverless_gpu.runpaths import RunPaths
-from serverless_gpu.runspec import RunSpec
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.common.gpus import GPUType, Placement
 from serverless_gpu.tracking import stop_ui, store
+from serverless_gpu.wire.config import DistributedConfig
+from serverless_gpu.wire.events import RunFinished, RunStatus
+from serverless_gpu.wire.runpaths import RunPaths
+from serverless_gpu.wire.runspec import RunSpec
 
 _START_BOUND_S = 150.0
 _MLFLOW_LINK = re.compile(r'<a class="sgpu-link" data-link="mlflow" href="([^"]+)"')

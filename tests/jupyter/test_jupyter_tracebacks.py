@@ -11,10 +11,10 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from jupyter_helpers import ANSI
 
-from jupyter_ext.tracebacks import clean_traceback, ipython_labeler
-from serverless_gpu import hooks
-from serverless_gpu.errors import LauncherError
-from serverless_gpu.hooks import RunContext
+from jupyter_ext.traceback_text import clean_traceback, ipython_labeler
+from serverless_gpu.caller import hooks
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.common.errors import LauncherError
 
 INTERNAL = ("worker.py", "handle.py", "magics.py", "decorator.py", "run_cell_magic")
 FLAKY = (
@@ -117,7 +117,7 @@ def test_cells_are_named_and_quoted_as_ipython_does(shell: InteractiveShell) -> 
     number = shell.execution_count - 1
     rank_text = (
         "Traceback (most recent call last):\n"
-        '  File "/site-packages/serverless_gpu/worker.py", line 112, in _run\n'
+        '  File "/site-packages/serverless_gpu/rank/main.py", line 112, in _run\n'
         "    result = func(*args, **kwargs)\n"
         "             ^^^^^^^^^^^^^^^^^^^^^\n"
         f'  File "{filename}", line 3, in step\n'

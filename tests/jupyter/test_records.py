@@ -12,9 +12,12 @@ from jupyter_ext import stacks_view
 from jupyter_ext.formatting import snapshot_text, summary_text
 from jupyter_ext.html_view import header_html, merged_lines_html, record_html
 from jupyter_ext.runstate import RunView
-from serverless_gpu.config import DistributedConfig
-from serverless_gpu.describe import describe_value
-from serverless_gpu.events import (
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.common.describe import describe_value
+from serverless_gpu.common.gpus import GPUType, Placement
+from serverless_gpu.tracking.settings import MESSAGE_KIND
+from serverless_gpu.wire.config import DistributedConfig
+from serverless_gpu.wire.events import (
     OutputLines,
     RankFinished,
     RankMessage,
@@ -24,11 +27,8 @@ from serverless_gpu.events import (
     RunStarted,
     RunStatus,
 )
-from serverless_gpu.gpus import GPUType, Placement
-from serverless_gpu.hooks import RunContext
-from serverless_gpu.runpaths import RunPaths
-from serverless_gpu.runspec import RunSpec
-from serverless_gpu.tracking.settings import MESSAGE_KIND
+from serverless_gpu.wire.runpaths import RunPaths
+from serverless_gpu.wire.runspec import RunSpec
 
 RUN = "r1"
 CELL_FILE = "/tmp/ipykernel_4242/2623648678.py"

@@ -14,8 +14,9 @@ from jupyter_helpers import pid_alive
 
 from jupyter_ext.text_renderer import TextRenderer
 from jupyter_ext.widget import WidgetRenderer
-from serverless_gpu import CancelledError, distributed, hooks
-from serverless_gpu.hooks import RunContext
+from serverless_gpu import CancelledError, distributed
+from serverless_gpu.caller import hooks
+from serverless_gpu.caller.hooks import RunContext
 
 pytestmark = [pytest.mark.usefixtures("in_process"), pytest.mark.timeout(120)]
 LINK = "http://mlflow.example/#/experiments/1/runs/"

@@ -21,10 +21,11 @@ from jupyter_ext.table_view import (
     table_text,
 )
 from jupyter_ext.widget import WidgetRenderer
-from serverless_gpu import distributed, hooks
-from serverless_gpu.events import RankMessage
-from serverless_gpu.hooks import RunContext
+from serverless_gpu import distributed
+from serverless_gpu.caller import hooks
+from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.tracking.settings import MESSAGE_KIND
+from serverless_gpu.wire.events import RankMessage
 
 LINK = "http://127.0.0.1:5000/#/experiments/1/runs/"
 

@@ -22,7 +22,8 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.state import list_actors, list_placement_groups  # noqa: E402
 
-from serverless_gpu import hooks, tracking  # noqa: E402
+from serverless_gpu import tracking  # noqa: E402
+from serverless_gpu.caller import hooks  # noqa: E402
 
 NODE_CPUS = 2
 OUR_ACTORS = {"RankActor", "EventSink"}

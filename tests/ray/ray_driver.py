@@ -9,7 +9,7 @@ import time
 import ray_fns
 
 from serverless_gpu import distributed
-from serverless_gpu.events import RankStarted
+from serverless_gpu.wire.events import RankStarted
 
 fn = distributed(gpus=4, gpu_type="cpu", remote=True, timeout=600, tracking=False)(
     ray_fns.sleep_forever

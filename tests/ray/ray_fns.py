@@ -88,7 +88,7 @@ def tasks_on_every_node(tasks: int) -> dict[str, Any]:
     """Ray-native code: spread plain Ray tasks over the cluster from the launched driver."""
     import ray
 
-    from serverless_gpu.backends.ray import launch_gpus
+    from serverless_gpu.api.ray_launch import launch_gpus
 
     @ray.remote(num_cpus=1)
     def node_of_task() -> str:

@@ -14,13 +14,13 @@ import ray_fns
 from conftest import leftovers, node_of
 
 from serverless_gpu import distributed
-from serverless_gpu.errors import (
+from serverless_gpu.common.errors import (
     CancelledError,
     DistributedError,
     DistributedTimeoutError,
     RankFailedError,
 )
-from serverless_gpu.events import OutputLines, RankStarted, RunStatus
+from serverless_gpu.wire.events import OutputLines, RankStarted, RunStatus
 
 pytestmark = pytest.mark.usefixtures("cluster", "untracked")
 

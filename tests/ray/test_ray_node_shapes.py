@@ -9,7 +9,7 @@ import ray_fns
 from conftest import leftovers
 
 from serverless_gpu import distributed
-from serverless_gpu.errors import DistributedError, GPUConfigError
+from serverless_gpu.common.errors import DistributedError, GPUConfigError
 
 pytestmark = pytest.mark.usefixtures("cluster", "untracked")
 

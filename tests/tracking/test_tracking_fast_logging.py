@@ -13,11 +13,11 @@ import torch
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import fluent
 
-from serverless_gpu.events import RankMessage
 from serverless_gpu.tracking import LatestMetrics
 from serverless_gpu.tracking.fast_logging import FastLogging
 from serverless_gpu.tracking.rank_buffer import RankBuffer
 from serverless_gpu.tracking.settings import MESSAGE_KIND
+from serverless_gpu.wire.events import RankMessage
 
 RUN = "0123456789abcdef0123456789abcdef"
 

@@ -16,12 +16,7 @@ import tracking_fns
 from mlflow import MlflowClient
 from mlflow.entities import Run
 
-from serverless_gpu import (
-    CancelledError,
-    DistributedTimeoutError,
-    RankFailedError,
-    distributed,
-)
+from serverless_gpu import CancelledError, DistributedTimeoutError, RankFailedError, distributed
 
 RunsOf = Callable[[MlflowClient], list[Run]]
 HERE = Path(__file__).resolve().parent

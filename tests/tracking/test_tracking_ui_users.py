@@ -20,7 +20,7 @@ from eventually import eventually
 from mlflow import MlflowClient
 from tracking_checks import http_status
 
-from serverless_gpu import rundirs
+from serverless_gpu.runfiles import rundirs
 from serverless_gpu.tracking import stop_ui, store, ui
 
 _USER = "sgpu-other"

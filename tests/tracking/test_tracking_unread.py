@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 
 from serverless_gpu import distributed
-from serverless_gpu.runrecord import read_record
+from serverless_gpu.caller.runrecord import read_record
 
 RunsOf = Callable[[MlflowClient], list[Run]]
 
@@ -45,7 +45,7 @@ def test_an_unread_run_is_recorded_finished(
 _EXITS_UNREAD = """
 import time
 from serverless_gpu import distributed
-from serverless_gpu.runrecord import read_record
+from serverless_gpu.caller.runrecord import read_record
 
 def add_one(x):
     return x + 1

@@ -8,7 +8,7 @@ import pytest
 import trainers_fns
 
 from serverless_gpu import distributed
-from serverless_gpu.env import rank_env
+from serverless_gpu.wire.env import rank_env
 
 
 def _env(base: dict[str, str], device: str) -> dict[str, str]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ...errors import SerializationError
-from ...gpus import Placement
-from ...handle import RunHandle
-from ...hooks import RunContext
-from .connect import connect
-from .run import RayRun
+from serverless_gpu.backends.ray.connect import connect
+from serverless_gpu.backends.ray.run import RayRun
+from serverless_gpu.caller.handle import RunHandle
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.common.errors import SerializationError
+from serverless_gpu.common.gpus import Placement
 
 _JOIN_S = 10.0
 

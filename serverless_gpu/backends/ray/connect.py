@@ -6,10 +6,10 @@ import os
 import socket
 from typing import Any
 
-from ... import settings
-from ...errors import ConfigurationError
-from ...gpus import GPUType, Placement, check_cpu_count, cpu_mode_requested
-from ...vocabulary import Placeholder, option
+from serverless_gpu.common import settings
+from serverless_gpu.common.errors import ConfigurationError
+from serverless_gpu.common.gpus import GPUType, Placement, check_cpu_count, cpu_mode_requested
+from serverless_gpu.common.vocabulary import Placeholder, option
 
 HOW_TO_CONNECT = (
     'connect this process to a Ray cluster first: call ray.init(address=...) ("auto" on a '

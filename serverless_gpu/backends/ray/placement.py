@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import DistributedError
+from serverless_gpu.common.errors import DistributedError
 
 _SLICE_S = 0.1
 

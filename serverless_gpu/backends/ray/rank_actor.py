@@ -19,13 +19,19 @@ import time
 from collections import deque
 from typing import Any
 
-from ... import runtime, seeding, worker
-from ...describe import describe_value
-from ...errors import RAISED, UNPICKLABLE_RESULT, describe_exception, exception_message
-from ...events import Event, OutputLines, RankMessage
-from ...output import LineSplitter
-from ...proctitle import set_rank_title
-from ...serialization import load_payload
+from serverless_gpu.common.describe import describe_value
+from serverless_gpu.common.errors import (
+    RAISED,
+    UNPICKLABLE_RESULT,
+    describe_exception,
+    exception_message,
+)
+from serverless_gpu.common.output import LineSplitter
+from serverless_gpu.common.proctitle import set_rank_title
+from serverless_gpu.rank import main as worker
+from serverless_gpu.rank import runtime, seeding
+from serverless_gpu.runfiles.serialization import load_payload
+from serverless_gpu.wire.events import Event, OutputLines, RankMessage
 
 worker.hide_frames_of(__file__)
 _FLUSH_S = 0.1

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from ...env import rank_env
-from ...events import RankState
-from ...runspec import RunSpec
+from serverless_gpu.wire.env import rank_env
+from serverless_gpu.wire.events import RankState
+from serverless_gpu.wire.runspec import RunSpec
 
 LIVE = (RankState.STARTING, RankState.RUNNING)
 

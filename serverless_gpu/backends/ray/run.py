@@ -13,9 +13,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ... import settings
-from ...errors import describe_failure, root_cause
-from ...events import (
+from serverless_gpu.backends.ray.placement import (
+    PlacementError,
+    Reservation,
+    _Stopped,
+    ray_accelerator,
+    reserve,
+)
+from serverless_gpu.backends.ray.ranks import LIVE, RayRank, rank_environment
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.common import settings
+from serverless_gpu.common.errors import describe_failure, root_cause
+from serverless_gpu.runfiles.serialization import dump_to_file
+from serverless_gpu.wire.events import (
     OutputLines,
     RankFinished,
     RankStarted,
@@ -23,10 +33,6 @@ from ...events import (
     RunFinished,
     RunStatus,
 )
-from ...hooks import RunContext
-from ...serialization import dump_to_file
-from .placement import PlacementError, Reservation, _Stopped, ray_accelerator, reserve
-from .ranks import LIVE, RayRank, rank_environment
 
 _SLICE_S = 0.1
 _CALL_S = 30.0
@@ -116,7 +122,7 @@ class RayRun:
     def _start_actors(self, ray: Any, cpus: int) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from .rank_actor import RankActor
+        from serverless_gpu.backends.ray.rank_actor import RankActor
 
         assert self.reservation is not None
         remote = ray.remote(RankActor)
@@ -322,7 +328,7 @@ def _make_sink(ray: Any) -> Any:
     """The event sink on this node, so that the caller's polls stay local."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from .rank_actor import EventSink
+    from serverless_gpu.backends.ray.rank_actor import EventSink
 
     node = ray.get_runtime_context().get_node_id()
     strategy = NodeAffinitySchedulingStrategy(node, soft=True) if node else "DEFAULT"

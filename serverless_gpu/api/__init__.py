@@ -1,0 +1,2 @@
+"""The public API's implementation: the decorator, sweeps, scripts, waiting on many
+runs, drop-ins."""

@@ -1,0 +1,516 @@
+"""The public API: ``@distributed(gpus=, gpu_type=, timeout=)`` and ``fn.distributed()``."""
+
+from __future__ import annotations
+
+import enum
+import errno
+import functools
+import importlib.util
+import inspect
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
+
+from serverless_gpu import tracking as _tracking  # noqa: F401 - registers the MLflow run hook (lazy mlflow)
+from serverless_gpu.api.trials import trial_arguments, trial_params
+from serverless_gpu.backends.base import Backend
+from serverless_gpu.backends.local import default_backend
+from serverless_gpu.caller.console import ConsolePrinter
+from serverless_gpu.caller.handle import RunHandle
+from serverless_gpu.caller.hooks import RunContext, run_hooks
+from serverless_gpu.caller.results import RunResult
+from serverless_gpu.caller.retries import (
+    Call,
+    FailedAttempt,
+    add_note,
+    attempts_note,
+    failed_attempt,
+    retryable,
+    say_retrying,
+)
+from serverless_gpu.caller.retrying import RetryingHandle
+from serverless_gpu.common import settings
+from serverless_gpu.common.errors import (
+    CancelledError,
+    ConfigurationError,
+    DistributedError,
+    LauncherError,
+    StorageError,
+    UsageError,
+)
+from serverless_gpu.common.gpus import GPUType, Placement, cpu_mode_requested, resolve_placement
+from serverless_gpu.common.lifetime import bounded_grace
+from serverless_gpu.rank.stop_request import ATTEMPT_ENV
+from serverless_gpu.runfiles.rundirs import new_run_dir, runs_root, storage_hint
+from serverless_gpu.runfiles.serialization import dump_payload, max_payload_bytes
+from serverless_gpu.wire.accelerators import AcceleratorType, one_count
+from serverless_gpu.wire.config import DEFAULT_TIMEOUT, DistributedConfig
+from serverless_gpu.wire.runpaths import RunPaths
+from serverless_gpu.wire.runspec import RunSpec
+
+P = ParamSpec("P")
+R = TypeVar("R")
+_INTERRUPT_WAIT_S = 10.0
+
+
+def _check_function(func: object) -> None:
+    """What ``.distributed`` can run: a plain callable whose return value is the result."""
+    if not callable(func):
+        raise UsageError(f"@distributed needs a function (a callable), not {func!r}")
+    target = inspect.unwrap(func) if inspect.isfunction(func) else func
+    if inspect.isasyncgenfunction(target) or inspect.iscoroutinefunction(target):
+        raise UsageError(
+            f"{getattr(func, '__qualname__', func)!r} is an async function: each rank calls the "
+            "function and returns its value, and nothing would run a coroutine there; wrap it "
+            "in a plain function that calls asyncio.run(...)"
+        )
+    if inspect.isgeneratorfunction(target):
+        raise UsageError(
+            f"{getattr(func, '__qualname__', func)!r} is a generator function: a generator "
+            "cannot be sent back from a rank; return a list instead (e.g. list(gen()))"
+        )
+
+
+class _Unset(enum.Enum):
+    """An argument not given (where ``None`` means something: ``timeout=None``, no limit)."""
+
+    UNSET = enum.auto()
+
+
+UNSET = _Unset.UNSET
+
+
+class DistributedFunction(Generic[P, R]):
+    """A function decorated with ``@distributed``: run it with ``.distributed(*args)``."""
+
+    def __init__(
+        self, func: Callable[P, R], config: DistributedConfig, backend: Backend | None = None
+    ) -> None:
+        _check_function(func)
+        self.func = func
+        self.config = config
+        self._backend = backend
+        functools.update_wrapper(self, func)
+        if config.standby and not config.on_ray:
+            _start_prewarm(
+                lambda: _prewarm(
+                    self.backend,
+                    config.gpus,
+                    config.gpu_type,
+                    config.tracking,
+                    config.warm_process_group,
+                    config.gpus_per_node,
+                )
+            )
+
+    @property
+    def gpus(self) -> int | None:
+        """The ranks to start (``config.gpus``); ``None``: the default count."""
+        return self.config.gpus
+
+    num_accelerators = gpus
+    """The original API's name of :attr:`gpus`."""
+
+    @property
+    def gpu_type(self) -> str | GPUType | None:
+        """The GPU family asked for (``config.gpu_type``); ``None``: auto-detected."""
+        return self.config.gpu_type
+
+    @property
+    def accelerator_type(self) -> str | None:
+        """The node shape asked for (an :class:`AcceleratorType`, or ``"GPU_<n>x<family>"``
+        for others); ``None`` when none was named."""
+        return self.config.accelerator_type
+
+    @property
+    def remote(self) -> bool:
+        """The ranks run on the Ray cluster this process is connected to."""
+        return self.config.on_ray
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds before the call is stopped; ``None``: no limit."""
+        return self.config.timeout
+
+    def with_overrides(
+        self,
+        num_accelerators: int | None = None,
+        accelerator_type: str | AcceleratorType | GPUType | None = None,
+        remote: bool | None = None,
+        timeout: float | _Unset | None = UNSET,
+        *,
+        gpus: int | None = None,
+        gpu_type: str | GPUType | None = None,
+        **options: Any,
+    ) -> DistributedFunction[P, R]:
+        """A new decorated function, the same but for the fields given (options are fields of
+        :class:`DistributedConfig`); this one is unchanged. A type in either spelling replaces
+        both (``gpu_type`` drops the node shape); ``timeout=None`` removes the limit."""
+        _check_option_names(options, "with_overrides")
+        changes = dict(options)
+        count = one_count(gpus, num_accelerators)
+        if count is not None:
+            changes["gpus"] = count
+        if accelerator_type is not None or gpu_type is not None:
+            changes.update(gpu_type=gpu_type, accelerator_type=accelerator_type)
+        if remote is not None:
+            changes.setdefault("backend", None)
+            changes["remote"] = remote
+        if not isinstance(timeout, _Unset):
+            changes["timeout"] = timeout
+        return DistributedFunction(self.func, replace(self.config, **changes), self._backend)
+
+    def __repr__(self) -> str:
+        name = getattr(self.func, "__qualname__", "fn")
+        return (
+            f"DistributedFunction({name}, gpus={self.gpus!r}, gpu_type={self.gpu_type!r}, "
+            f"accelerator_type={self.accelerator_type!r}, remote={self.remote!r}, "
+            f"timeout={self.timeout!r})"
+        )
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is not None:
+            return self._backend
+        if self.config.on_ray:
+            from serverless_gpu.backends.ray import ray_backend
+
+            return ray_backend()
+        return default_backend()
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> NoReturn:
+        name = getattr(self.func, "__name__", "fn")
+        raise UsageError(
+            f"{name} is decorated with @distributed: call {name}.distributed(...) to run it on "
+            f"every rank, or {name}.func(...) to run it once in this process"
+        )
+
+    def distributed(self, *args: P.args, **kwargs: P.kwargs) -> RunResult[R]:
+        """Run the function once per rank with these arguments; one return value per rank.
+
+        With ``max_retries`` a crashed attempt is started again (see ``retries.py``); the
+        caller gets one result, or the last error with every attempt's root cause."""
+        __tracebackhide__ = True  # IPython and pytest hide this frame in tracebacks
+        call = Call(max_retries=self.config.max_retries)
+        failed: list[FailedAttempt] = []
+        status = "failed"
+        try:
+            while True:
+                handle = self._begin(call, args, kwargs)  # a call that cannot start: no retry
+                try:
+                    result = self._wait(handle)
+                    status = "succeeded"
+                    return result
+                except KeyboardInterrupt:
+                    status = "cancelled"
+                    raise
+                except BaseException as exc:
+                    failed.append(failed_attempt(call.attempt, exc))
+                    if call.attempt >= call.max_retries or not retryable(exc, self.config.retry_on):
+                        status = "cancelled" if isinstance(exc, CancelledError) else "failed"
+                        if len(failed) > 1:
+                            add_note(exc, attempts_note(failed))
+                        raise
+                    call.attempt += 1
+                    say_retrying(failed[-1], call)
+        finally:
+            call.end(status)
+
+    def _begin(self, call: Call, args: Any, kwargs: Any) -> RunHandle[R]:
+        __tracebackhide__ = True
+        try:
+            return self._start(call, *args, **kwargs)
+        except DistributedError as exc:
+            # The library's frames below here say nothing; the exception keeps its own cause
+            # and context, so no "from".
+            raise exc.with_traceback(None)  # noqa: B904
+
+    def _wait(self, handle: RunHandle[R]) -> RunResult[R]:
+        """One attempt of the call, started: its results or its root-cause error."""
+        __tracebackhide__ = True
+        try:
+            return handle.result()
+        except KeyboardInterrupt as exc:
+            _interrupted(handle, self.config)
+            # The interrupt landed somewhere in the library's waiting loop: its frames
+            # (handle.py, queue.py, threading.py) would only hide the user's line.
+            raise exc.with_traceback(None)  # noqa: B904
+        except BaseException as exc:
+            # Frames of result() and wait() say nothing; the rank's traceback is the cause.
+            raise exc.with_traceback(None)  # noqa: B904
+        finally:
+            if not handle.done():
+                handle.cancel("the caller stopped waiting")
+                handle.wait(_INTERRUPT_WAIT_S)
+
+    def start(self, *args: P.args, **kwargs: P.kwargs) -> RunHandle[R]:
+        """Start the ranks and return at once: a :class:`RunHandle` (``result()``,
+        ``cancel()``, ``status`` ...). Runs started at once get disjoint devices; one that
+        finds too few free waits in a queue (status ``queued``) until others end. With
+        ``max_retries`` a crashed attempt is started again (a new run) as ``.distributed``
+        would, and the handle follows it: ``result()`` is the last attempt's."""
+        return self._start_call(args, kwargs)
+
+    def map(self, items: Iterable[Any]) -> list[RunHandle[R]]:
+        """Start one run per item (a dict of keyword arguments, a tuple of positional ones, or
+        a single argument) and return their handles in item order, at once. Every item is
+        pickled first: one that cannot be raises before any run starts. Each handle is one
+        call, as ``start``'s: with ``max_retries`` a crashed item is started again and its
+        handle follows the new attempt."""
+        calls = [trial_arguments(item) for item in items]
+        limit = max_payload_bytes(self.config.max_payload_bytes)
+        payloads = []
+        for i, (args, kwargs) in enumerate(calls):
+            try:
+                payloads.append(dump_payload(self.func, args, kwargs, limit))
+            except DistributedError as exc:
+                add_note(exc, f"(item {i} of the map; no run of the map was started)")
+                raise
+        return [
+            self._start_call(args, kwargs, i, payload)
+            for i, ((args, kwargs), payload) in enumerate(zip(calls, payloads, strict=True))
+        ]
+
+    def _start_call(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        trial: int | None = None,
+        payload: bytes | None = None,
+    ) -> RunHandle[R]:
+        """One call, started: its run's handle, or with ``max_retries`` a handle that starts
+        a crashed attempt again and follows it (``retrying.py``)."""
+        cfg = self.config
+        if cfg.max_retries == 0:
+            return self._start_with(Call(), args, kwargs, trial, payload)
+
+        def attempt(call: Call) -> RunHandle[R]:
+            return self._start_with(call, args, kwargs, trial, payload)
+
+        return RetryingHandle(Call(max_retries=cfg.max_retries), cfg.retry_on, attempt)
+
+    def start_trial(self, trial: int, item: Any) -> RunHandle[R]:
+        """Start item number ``trial`` of a sweep (``sweep``) as one call, as ``map`` does:
+        its arguments become the run's ``params``."""
+        args, kwargs = trial_arguments(item)
+        return self._start_call(args, kwargs, trial)
+
+    def _start(self, call: Call, *args: Any, **kwargs: Any) -> RunHandle[R]:
+        return self._start_with(call, args, kwargs)
+
+    def _start_with(
+        self,
+        call: Call,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        trial: int | None = None,
+        payload: bytes | None = None,
+    ) -> RunHandle[R]:
+        """Start one run; ``payload``: the call already pickled (``map`` pickles every item
+        before it starts any)."""
+        cfg = self.config
+        settings.check()  # before anything exists: no run directory, MLflow run or launcher
+        cwd = _working_directory()
+        placement = _placement(cfg)
+        if payload is None:
+            limit = max_payload_bytes(cfg.max_payload_bytes)
+            payload = dump_payload(self.func, args, kwargs, limit)
+        name = getattr(self.func, "__qualname__", "fn")
+        try:
+            run_id, run_dir, results_dir = new_run_dir(name)
+        except OSError as exc:
+            root = runs_root()  # it was found usable: this failure is the disk's
+            what = f"could not create the run directory in {root}"
+            raise _os_error(what, exc, ConfigurationError, folder=root) from exc
+        paths = RunPaths(run_dir, results_dir)
+        ctx = RunContext(RunSpec(run_id, name, placement, paths, cfg), call=call)
+        ctx.env[ATTEMPT_ENV] = str(call.attempt)
+        if trial is not None:
+            ctx.metadata.update(trial=trial, params=trial_params(args, kwargs, self.func))
+        subscribers = run_hooks(ctx)
+        if not ctx.display_claimed:
+            subscribers.insert(0, ConsolePrinter(cfg.output))
+        ctx.seal(cwd, tuple(sys.path))
+        try:
+            handle: RunHandle[R] = self.backend.submit(ctx, payload)
+        except OSError as exc:
+            what = "could not start the run"
+            raise _os_error(what, exc, LauncherError, run_dir.parent, run_dir) from exc
+        for subscriber in subscribers:
+            handle.subscribe(subscriber)
+        return handle
+
+
+def _interrupted(handle: RunHandle[Any], cfg: DistributedConfig) -> None:
+    """A KeyboardInterrupt while waiting: ask the ranks to stop (``stop_grace``) and wait for
+    them; a second interrupt stops them at once."""
+    handle.cancel("interrupted (KeyboardInterrupt in the caller)")
+    try:
+        handle.wait(cfg.stop_grace + bounded_grace(cfg.grace, cfg.timeout) + _INTERRUPT_WAIT_S)
+    except KeyboardInterrupt:
+        handle.cancel("interrupted twice (KeyboardInterrupt in the caller)", force=True)
+        handle.wait(_INTERRUPT_WAIT_S)
+
+
+def _placement(cfg: DistributedConfig) -> Placement:
+    """The ranks: on this machine's GPUs, or on the Ray cluster (connected first, so that a
+    missing cluster fails before anything is created)."""
+    if not cfg.on_ray:
+        return resolve_placement(cfg.gpus, cfg.gpu_type, cfg.gpus_per_node)
+    from serverless_gpu.backends.ray import cluster_placement, connect
+
+    connect(cfg.timeout)
+    gpus = cfg.gpus
+    if gpus is None and not cpu_mode_requested(cfg.gpu_type):
+        gpus = cfg.gpus_per_node  # a node shape without a count: one node of it
+    return cluster_placement(gpus, cfg.gpu_type)
+
+
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO}
+
+
+def _os_error(
+    what: str,
+    exc: OSError,
+    other: type[DistributedError],
+    folder: Path,
+    run_dir: Path | None = None,
+) -> DistributedError:
+    """An OSError on the way to starting a run, as the library's own error: a
+    :class:`StorageError` saying what to do about ``folder`` when a disk refused a write,
+    else ``other``."""
+    if isinstance(exc, DistributedError):
+        return exc
+    if exc.errno in _STORAGE_ERRNOS:
+        err: DistributedError = StorageError.wrap(what, exc, storage_hint(folder, exc.errno))
+    else:
+        err = other(f"{what}: {exc}")
+    err.run_dir = run_dir
+    return err
+
+
+def _working_directory() -> str:
+    """The caller's working directory, where the ranks start."""
+    try:
+        return os.getcwd()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"the current working directory cannot be read ({exc.strerror}; was it deleted?): "
+            "the ranks start in it. Change to an existing directory (os.chdir) and call again."
+        ) from None
+
+
+_prewarm_threads: set[threading.Thread] = set()
+WARMUP_ENV = settings.WARMUP.name
+
+
+def warm_up(gpus: int | None = None, gpu_type: str | GPUType | None = None) -> None:
+    """Start the launcher and standby ranks in the background (``%load_ext`` calls this), so
+    that the first call of a session finds them ready. ``SERVERLESS_GPU_WARMUP=0`` disables."""
+    if settings.WARMUP.read():
+        _start_prewarm(lambda: _prewarm(default_backend(), gpus, gpu_type, tracking=True))
+
+
+def _prewarm(
+    backend: Backend,
+    gpus: int | None,
+    gpu_type: str | GPUType | None,
+    tracking: bool,
+    warm_group: bool = True,
+    per_node: int | None = None,
+) -> None:
+    # The launcher's start (a fresh interpreter importing torch: seconds) goes first, so that
+    # reading the GPUs through NVML overlaps it instead of delaying it.
+    backend.start()
+    try:
+        placement = resolve_placement(gpus, gpu_type, per_node)
+    except Exception:  # the call itself will report a bad configuration
+        return
+    # Ranks of a tracked call import mlflow; importing it once in the launcher saves seconds of
+    # CPU per rank.
+    tracked = tracking and importlib.util.find_spec("mlflow") is not None
+    backend.prewarm(placement, ("mlflow",) if tracked else (), warm_group)
+
+
+def _start_prewarm(target: Callable[[], None]) -> None:
+    """Warm up in the background so decorating never delays the cell."""
+
+    def run() -> None:
+        try:
+            target()
+        except DistributedError:
+            pass  # e.g. an unsafe runs folder: the call raises the same error, in the cell
+        finally:
+            _prewarm_threads.discard(thread)
+
+    thread = threading.Thread(target=run, name="serverless-gpu-prewarm", daemon=True)
+    _prewarm_threads.add(thread)
+    thread.start()
+
+
+def join_prewarm(timeout: float = 10.0) -> None:
+    """Wait for background warm-ups (so that a shutdown is not followed by a late start)."""
+    for thread in list(_prewarm_threads):
+        thread.join(timeout)
+
+
+@overload
+def distributed(func: Callable[P, R], /) -> DistributedFunction[P, R]: ...
+
+
+@overload
+def distributed(
+    num_accelerators: int | None = None,
+    accelerator_type: str | AcceleratorType | GPUType | None = None,
+    remote: bool = False,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    *,
+    gpus: int | None = None,
+    gpu_type: str | GPUType | None = None,
+    **options: Any,
+) -> Callable[[Callable[P, R]], DistributedFunction[P, R]]: ...
+
+
+def distributed(
+    num_accelerators: Any = None,
+    accelerator_type: str | AcceleratorType | GPUType | None = None,
+    remote: bool = False,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    *,
+    gpus: int | None = None,
+    gpu_type: str | GPUType | None = None,
+    **options: Any,
+) -> Any:
+    """Decorate a function so that ``fn.distributed(*args, **kwargs)`` runs it on every GPU.
+
+    ``gpus`` and ``gpu_type`` (keywords) are this library's spelling; ``num_accelerators`` and
+    ``accelerator_type`` (``"GPU_8xH100"``, a node shape) are the original API's, and take the
+    positions it gives them. Either spelling, or both when they agree. Options are the fields of
+    :class:`DistributedConfig`. Used bare (``@distributed``) it takes every default.
+    """
+    if callable(num_accelerators):
+        return DistributedFunction(num_accelerators, DistributedConfig())
+    _check_option_names(options, "@distributed")
+    config = DistributedConfig(
+        gpus=one_count(gpus, num_accelerators),  # type: ignore[arg-type]
+        gpu_type=gpu_type,
+        accelerator_type=accelerator_type,
+        remote=remote,
+        timeout=timeout,
+        **options,
+    )
+
+    def wrap(func: Callable[P, R]) -> DistributedFunction[P, R]:
+        return DistributedFunction(func, config)
+
+    return wrap
+
+
+def _check_option_names(options: dict[str, Any], where: str) -> None:
+    unknown = set(options) - set(DistributedConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigurationError(f"unknown option(s) for {where}: {', '.join(sorted(unknown))}")

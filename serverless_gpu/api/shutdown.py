@@ -1,0 +1,16 @@
+"""``serverless_gpu.shutdown()``: everything this process started, stopped now
+rather than at exit."""
+
+from __future__ import annotations
+
+
+def shutdown() -> None:
+    """Stop the launcher and every rank it started (also done automatically at exit), and
+    the calls running on a Ray cluster."""
+    from serverless_gpu.api.decorator import join_prewarm
+    from serverless_gpu.backends.local import default_backend
+    from serverless_gpu.backends.ray import stop_ray_calls
+
+    join_prewarm()
+    default_backend().shutdown()
+    stop_ray_calls()

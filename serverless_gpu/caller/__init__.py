@@ -1,0 +1,2 @@
+"""Code that runs in the caller (the notebook kernel or a script): handles, results, run hooks,
+the console, hang detection, retries."""

@@ -1,0 +1,2 @@
+"""Used by every process (caller, launcher, ranks): errors, settings, GPU detection,
+process lifetime."""

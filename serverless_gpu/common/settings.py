@@ -1,0 +1,269 @@
+"""Every ``SERVERLESS_GPU_*`` environment variable the library reads: name, default, parsing and
+limits, in one place.
+
+:func:`check` validates all of them when a call starts, before a run directory, an MLflow run
+or the launcher exists, so a malformed value is a :class:`ConfigurationError` naming the
+variable instead of a ``ValueError`` (or a hang) somewhere in the middle of a run. An empty
+value means the default.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from serverless_gpu.common.errors import ConfigurationError
+
+T = TypeVar("T")
+
+MAX_CPU_RANKS = 64
+"""CPU mode runs every rank on this machine's cores; more ranks than this only measure how many
+processes the machine can fork (thousands of ranks each holding torch), not a training setup."""
+
+MAX_GRACE_S = 60.0
+"""The longest ``grace`` between SIGTERM and SIGKILL: a stop (failure, timeout, cancel) always
+ends within this much time after it was decided."""
+
+
+@dataclass(frozen=True)
+class Variable(Generic[T]):
+    """One environment variable: its name, its default and how its text becomes a value."""
+
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    """Turns the (stripped, non-empty) text into a value; ``ValueError`` says what is wrong."""
+    doc: str
+
+    def read(self, environ: Mapping[str, str] | None = None) -> T:
+        raw = (os.environ if environ is None else environ).get(self.name, "")
+        if not raw.strip():
+            return self.default
+        try:
+            return self.parse(raw.strip())
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"environment variable {self.name}={raw!r} is invalid: {exc}"
+            ) from None
+
+
+def _int_between(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"expected a whole number from {low} to {high}") from None
+        if not low <= value <= high:
+            raise ValueError(f"expected a whole number from {low} to {high}")
+        return value
+
+    return parse
+
+
+def _seconds(*, zero_allowed: bool) -> Callable[[str], float]:
+    wanted = "a number of seconds >= 0" if zero_allowed else "a number of seconds > 0"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"expected {wanted}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_allowed):
+            raise ValueError(f"expected {wanted}")
+        return value
+
+    return parse
+
+
+def _megabytes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("expected a size in MB greater than 0 (such as 100 or 0.5)") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("expected a size in MB greater than 0 (such as 100 or 0.5)")
+    return value
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.lower()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _flag(text: str) -> bool:
+    value = text.lower()
+    if value in _TRUE + _FALSE:
+        return value in _TRUE
+    raise ValueError(f"expected 1 or 0 ({'/'.join(_TRUE)} or {'/'.join(_FALSE)})")
+
+
+def _text(text: str) -> str:
+    return text
+
+
+DEVICE_TYPE = Variable(
+    "SERVERLESS_GPU_TYPE",
+    "auto",
+    _choice("auto", "cpu", "gpu", "cuda"),
+    "``cpu`` runs every decorator on CPU ranks (gloo); ``auto``/``gpu``/``cuda``: the GPUs.",
+)
+CPU_RANKS = Variable(
+    "SERVERLESS_GPU_CPU_RANKS",
+    2,
+    _int_between(1, MAX_CPU_RANKS),
+    "Ranks of a ``gpus=None`` call in CPU mode.",
+)
+CPU_SLOTS = Variable(
+    "SERVERLESS_GPU_CPU_SLOTS",
+    max(2, os.cpu_count() or 1),
+    _int_between(1, MAX_CPU_RANKS),
+    "Virtual devices CPU-mode runs are allocated from, as GPUs are on a GPU machine: calls "
+    "running at once share them, and a call that finds too few free waits in a queue "
+    "(default: the core count, at least 2).",
+)
+MAX_PAYLOAD_MB = Variable(
+    "SERVERLESS_GPU_MAX_PAYLOAD_MB",
+    100.0,
+    _megabytes,
+    "Limit on the pickled function and arguments, in MB (2**20 bytes).",
+)
+RUNS_DIR = Variable(
+    "SERVERLESS_GPU_RUNS_DIR",
+    "",
+    _text,
+    "Where private run directories live (default ``<tmp>/serverless-gpu-<uid>``).",
+)
+RESULTS_DIR = Variable(
+    "SERVERLESS_GPU_RESULTS_DIR",
+    "",
+    _text,
+    "Where ranks write results first: a folder, or ``off`` for the run directory.",
+)
+KEEP_RUNS = Variable(
+    "SERVERLESS_GPU_KEEP_RUNS",
+    20,
+    _int_between(1, 1_000_000),
+    "Run directories kept (their logs); older ones are deleted.",
+)
+WARMUP = Variable(
+    "SERVERLESS_GPU_WARMUP",
+    True,
+    _flag,
+    "Whether ``%load_ext`` starts the launcher ahead of the first call.",
+)
+SYSTEM_METRICS_INTERVAL = Variable(
+    "SERVERLESS_GPU_SYSTEM_METRICS_INTERVAL",
+    10.0,
+    _seconds(zero_allowed=True),
+    "Seconds between two system-metric samples; 0 turns sampling off.",
+)
+MLFLOW_FLUSH_INTERVAL = Variable(
+    "SERVERLESS_GPU_MLFLOW_FLUSH_INTERVAL",
+    1.0,
+    _seconds(zero_allowed=True),
+    "Seconds between two batches of metrics a rank sends to the caller.",
+)
+MLFLOW_LOG_UPLOAD_INTERVAL = Variable(
+    "SERVERLESS_GPU_MLFLOW_LOG_UPLOAD_INTERVAL",
+    60.0,
+    _seconds(zero_allowed=True),
+    "Seconds between two uploads of the rank logs to MLflow; 0: only at the end.",
+)
+MLFLOW_START_TIMEOUT = Variable(
+    "SERVERLESS_GPU_MLFLOW_START_TIMEOUT",
+    10.0,
+    _seconds(zero_allowed=True),
+    "Seconds a tracking server may take to open the call's run; past that it runs untracked.",
+)
+CACHE_DIR = Variable(
+    "SERVERLESS_GPU_CACHE_DIR",
+    "",
+    _text,
+    "Where volumes are cached (default ``~/.cache/serverless_gpu/volumes``).",
+)
+DISPLAY = Variable(
+    "SERVERLESS_GPU_DISPLAY",
+    "auto",
+    _choice("auto", "text", "widget"),
+    "How a notebook shows a run: the widget where it can, or always text.",
+)
+WIDGET_LINES = Variable(
+    "SERVERLESS_GPU_WIDGET_LINES",
+    200,
+    _int_between(1, 1_000_000),
+    "Lines per rank the notebook widget keeps.",
+)
+RAY_RESERVE_TIMEOUT = Variable(
+    "SERVERLESS_GPU_RAY_RESERVE_TIMEOUT",
+    60.0,
+    _seconds(zero_allowed=False),
+    "Seconds a ``remote=True`` call waits for the Ray cluster to hold its ranks.",
+)
+RAY_CPUS_PER_RANK = Variable(
+    "SERVERLESS_GPU_RAY_CPUS_PER_RANK",
+    1,
+    _int_between(1, 1024),
+    "CPUs reserved for each rank of a ``remote=True`` call (with its GPU, if any).",
+)
+
+USER_SETTINGS: tuple[Variable[Any], ...] = (
+    DEVICE_TYPE,
+    CPU_RANKS,
+    CPU_SLOTS,
+    MAX_PAYLOAD_MB,
+    RUNS_DIR,
+    RESULTS_DIR,
+    KEEP_RUNS,
+    WARMUP,
+    SYSTEM_METRICS_INTERVAL,
+    MLFLOW_FLUSH_INTERVAL,
+    MLFLOW_LOG_UPLOAD_INTERVAL,
+    MLFLOW_START_TIMEOUT,
+    CACHE_DIR,
+    DISPLAY,
+    WIDGET_LINES,
+    RAY_RESERVE_TIMEOUT,
+    RAY_CPUS_PER_RANK,
+)
+"""Every variable a user may set."""
+
+INTERNAL = (
+    "SERVERLESS_GPU_DEVICE",
+    "SERVERLESS_GPU_RUN_ID",
+    "SERVERLESS_GPU_RUN_DIR",
+    "SERVERLESS_GPU_DEVICES",
+    "SERVERLESS_GPU_RANK_INIT",
+    "SERVERLESS_GPU_MLFLOW_RUN_ID",
+    "SERVERLESS_GPU_MLFLOW_ARTIFACT_URI",
+    "SERVERLESS_GPU_RAY_LAUNCH_GPUS",
+    "SERVERLESS_GPU_ATTEMPT",
+)
+"""Set by the library in each rank's environment (``env.py``, ``tracking/``,
+``backends/ray/launch.py``, ``stop.py``); not settings."""
+
+
+def check(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Validate every user setting; their values by name. Raises :class:`ConfigurationError`
+    naming the first malformed variable."""
+    return {var.name: var.read(environ) for var in USER_SETTINGS}
+
+
+def cpu_mode() -> bool:
+    """``SERVERLESS_GPU_TYPE=cpu``: every decorator runs CPU ranks."""
+    return DEVICE_TYPE.read() == "cpu"
+
+
+def max_payload_bytes() -> int:
+    return int(MAX_PAYLOAD_MB.read() * 1024 * 1024)

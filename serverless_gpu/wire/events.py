@@ -1,0 +1,230 @@
+"""The one stream of events a run produces.
+
+The console printer, the notebook widget and MLflow tracking are subscribers; none of them
+captures output or polls processes on its own. Events are small frozen dataclasses that cross
+process boundaries (launcher -> caller) by pickle.
+
+Subscribers are called in the thread that waits on the run (``RunHandle.wait``), in event order.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from serverless_gpu.wire.runspec import RunSpec
+
+
+class RunStatus(str, enum.Enum):
+    """Lifecycle of a whole run."""
+
+    QUEUED = "queued"
+    """Waiting for devices: other runs of this caller hold them (``allocation.py``)."""
+    PENDING = "pending"
+    """Its devices are allocated and its ranks are starting (shown as "starting")."""
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (RunStatus.QUEUED, RunStatus.PENDING, RunStatus.RUNNING)
+
+
+class RankState(str, enum.Enum):
+    """Lifecycle of one rank, in this order: the launcher's supervisor, the console, the
+    renderers and their summaries all speak of a rank in these states."""
+
+    STARTING = "starting"
+    """Forked, waiting for its spec or loading the payload."""
+    RUNNING = "running"
+    """In the user's function."""
+    DONE = "done"
+    """Returned; its result is written."""
+    FAILED = "failed"
+    """Raised, crashed or exited without a result; or the root cause of a failed run."""
+    STOPPED = "stopped"
+    """Stopped by the library (another rank failed, the run timed out or was cancelled)."""
+    CANCELLED = "cancelled"
+    """Stopped because the user cancelled the run (the renderers' word; the launcher reports
+    such a rank as ``STOPPED``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    """The run's ranks are being started."""
+
+    run_id: str
+    name: str
+    """Qualified name of the user's function."""
+    world_size: int
+    device: str
+    """``"cuda"`` or ``"cpu"``."""
+    gpu_type: str
+    gpu_names: tuple[str, ...]
+    run_dir: Path
+    timeout: float | None
+    time: float
+
+    @classmethod
+    def of(cls, spec: RunSpec, time: float) -> RunStarted:
+        """The event of a run starting, in the words of its spec."""
+        p = spec.placement
+        return cls(
+            spec.run_id,
+            spec.name,
+            p.world_size,
+            p.device,
+            p.gpu_type.value,
+            p.gpu_names,
+            spec.paths.run_dir,
+            spec.timeout,
+            time,
+        )
+
+
+@dataclass(frozen=True)
+class RunQueued:
+    """Too few devices are free: the run waits in the launcher's queue."""
+
+    run_id: str
+    ahead: int
+    """Runs waiting before this one."""
+    time: float
+
+
+@dataclass(frozen=True)
+class RunScheduled:
+    """The run got its devices; its ranks are being started on them."""
+
+    run_id: str
+    devices: tuple[str, ...]
+    """GPU entries (as ``CUDA_VISIBLE_DEVICES`` names them) or CPU slot numbers."""
+    time: float
+
+
+@dataclass(frozen=True)
+class RankStarted:
+    """A rank process received its payload and is about to run user code."""
+
+    run_id: str
+    rank: int
+    pid: int
+    time: float
+    node: str = ""
+    """Where the rank runs, when that is not the caller's machine (``"node 1 (10.0.0.7)"``)."""
+
+
+@dataclass(frozen=True)
+class OutputLines:
+    """Lines a rank wrote to stdout or stderr, captured at the file-descriptor level.
+
+    Each line keeps its terminator: ``"\\n"`` for a finished line, ``"\\r"`` for a progress line
+    that the next line overwrites (tqdm); a final unterminated fragment has none.
+    """
+
+    run_id: str
+    rank: int
+    stream: str
+    """``"stdout"`` or ``"stderr"``."""
+    lines: tuple[str, ...]
+    time: float
+
+
+@dataclass(frozen=True)
+class RankFinished:
+    """A rank process ended; in a successful run, the rank returned (``exit_code`` None: the
+    run is reported before its processes' teardown)."""
+
+    run_id: str
+    rank: int
+    state: RankState
+    exit_code: int | None
+    signal_name: str | None
+    time: float
+    summary: str = ""
+    """What the rank returned (type, shape) or raised (type and first line of the message)."""
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    """The run is over; results (or the root-cause failure) are final. A failed or stopped
+    run's rank processes are gone; a successful run is reported as soon as every rank has
+    written its result, and its processes exit (communicator and CUDA teardown) after."""
+
+    run_id: str
+    status: RunStatus
+    root_cause_rank: int | None
+    """The rank whose failure came first in time, if the run failed."""
+    message: str
+    """Root-cause summary for a failed run, empty on success."""
+    unfinished_ranks: tuple[int, ...]
+    """Ranks that had not returned when the run was stopped (timeout, cancel, failure)."""
+    time: float
+    cause: str = ""
+    """The root-cause rank's failure as it reads after ``rank N`` (``"raised ValueError: x"``,
+    ``"was killed by SIGSEGV"``); ``message`` is ``"rank N " + cause``."""
+
+
+@dataclass(frozen=True)
+class RankMessage:
+    """Data a rank sent to the caller with ``runtime.send_to_caller`` (e.g. buffered metrics)."""
+
+    run_id: str
+    rank: int
+    kind: str
+    data: Any
+    time: float
+
+
+@dataclass(frozen=True)
+class SystemMetrics:
+    """Host and GPU utilisation, sampled in the caller (psutil, NVML) while the run is live.
+
+    Keys follow MLflow's system-metric names (``system/gpu_0_utilization_percentage`` ...).
+    """
+
+    run_id: str
+    values: dict[str, float]
+    time: float
+
+
+@dataclass(frozen=True)
+class RanksSilent:
+    """Ranks that showed no sign of life (output line, metric, ``runtime.heartbeat()``) for
+    ``seconds`` while the run goes on; made in the caller (``hangs.py``). Nothing is stopped:
+    ``RunHandle.stacks()`` shows where they are. An empty ``ranks`` ends an earlier warning."""
+
+    run_id: str
+    ranks: tuple[int, ...]
+    seconds: float
+    everyone: bool
+    """Every running rank is silent (a hang), not only some (stragglers)."""
+    time: float
+
+
+Event = (
+    RunStarted
+    | RunQueued
+    | RunScheduled
+    | RankStarted
+    | OutputLines
+    | RankFinished
+    | RunFinished
+    | RankMessage
+    | SystemMetrics
+    | RanksSilent
+)
+Subscriber = Callable[[Event], None]
