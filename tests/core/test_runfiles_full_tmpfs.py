@@ -59,7 +59,7 @@ def test_mapped_writer_reports_a_full_tmpfs_as_oserror(mount_tmpfs: MountTmpfs, 
         f"""
         import errno, torch
         from pathlib import Path
-        from serverless_gpu import file_space, tensor_file
+        from serverless_gpu.runfiles import file_space, tensor_file
         file_space.CHUNK_BYTES = {chunk}
         big = torch.ones(8 << 20, dtype=torch.uint8)  # twice the tmpfs
         try:
