@@ -8,11 +8,16 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from . import runrecord as _runrecord  # noqa: F401 - registers the run.json hook
+from . import stop as _stop_module
 from .aliases import AcceleratorType
 from .backends.ray import ray_init, ray_launch
+from .caller.statuses import TERMINAL_STATUSES, WorkloadStatus
+from .caller.workloads import WorkloadMetadata, print_runs
+from .caller.workloads import stop as _stop_runs
 from .completion import ALL_COMPLETED, FIRST_COMPLETED, FIRST_EXCEPTION, as_completed, wait
 from .decorator import DistributedConfig, DistributedFunction, distributed, warm_up
 from .errors import (
@@ -31,6 +36,7 @@ from .errors import (
 from .events import RunStatus
 from .gpus import GPUType
 from .handle import RunHandle
+from .handle import RunHandle as DistributedFunctionCall
 from .results import RunResult
 from .runtime import (
     get_global_rank,
@@ -43,16 +49,33 @@ from .sweep import sweep
 
 __version__ = "0.1.0"
 
+
+class _CallableModule(types.ModuleType):
+    """``serverless_gpu.stop(runs)`` (the original API's) is also the name of the rank-side
+    module ``stop.py``, which ``from . import stop`` must still find: the module is made
+    callable rather than shadowed by the function."""
+
+    def __call__(self, runs: Any) -> None:
+        _stop_runs(runs)
+
+    __call__.__doc__ = _stop_runs.__doc__
+
+
+_stop_module.__class__ = _CallableModule
+stop: Any = _stop_module
+
 __all__ = [
     "ALL_COMPLETED",
     "FIRST_COMPLETED",
     "FIRST_EXCEPTION",
+    "TERMINAL_STATUSES",
     "AcceleratorType",
     "CancelledError",
     "ConfigurationError",
     "DistributedConfig",
     "DistributedError",
     "DistributedFunction",
+    "DistributedFunctionCall",
     "DistributedTimeoutError",
     "GPUConfigError",
     "GPUType",
@@ -65,6 +88,8 @@ __all__ = [
     "StorageError",
     "UsageError",
     "WaitTimeoutError",
+    "WorkloadMetadata",
+    "WorkloadStatus",
     "as_completed",
     "distributed",
     "get_global_rank",
@@ -72,9 +97,11 @@ __all__ = [
     "get_local_world_size",
     "get_node_rank",
     "get_world_size",
+    "print_runs",
     "ray_init",
     "ray_launch",
     "shutdown",
+    "stop",
     "sweep",
     "wait",
     "warm_up",
