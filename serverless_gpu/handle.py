@@ -256,7 +256,8 @@ class RunHandle(Generic[R]):
         __tracebackhide__ = True  # IPython and pytest hide this frame in tracebacks
         timeout, logs = logs_first(timeout, logs)
         if logs:
-            timeout = self._print_logs(timeout, self._subscribers)
+            # As a reader: the run's end is then handled here, its results read from the twin.
+            timeout = self._print_logs(timeout, self._subscribers, self._wait_as_reader)
         if not self._wait_as_reader(timeout):
             raise still_running(self.run_id, timeout, self.run_dir)
         values, error = self._load_outcome()
@@ -268,14 +269,19 @@ class RunHandle(Generic[R]):
 
     # -- internals -------------------------------------------------------------------------
 
-    def _print_logs(self, timeout: float | None, printers: list[Subscriber]) -> float | None:
-        """Follow the ranks' logs until the run ends or ``timeout``, the console printers
-        among ``printers`` held back; the time left."""
+    def _print_logs(
+        self,
+        timeout: float | None,
+        printers: list[Subscriber],
+        wait: Callable[[float], bool],
+    ) -> float | None:
+        """Follow the ranks' logs while ``wait(seconds)`` says the run goes on, until it ends
+        or ``timeout``, the console printers among ``printers`` held back; the time left."""
         from .caller import follow
 
         deadline = deadline_of(timeout)
         with follow.muted(printers):
-            follow.follow(lambda: self.context.paths, self.wait, deadline)
+            follow.follow(lambda: self.context.paths, wait, deadline)
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     def _wait_as_reader(self, timeout: float | None) -> bool:

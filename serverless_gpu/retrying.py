@@ -201,7 +201,7 @@ class RetryingHandle(RunHandle[R]):
         __tracebackhide__ = True
         timeout, logs = logs_first(timeout, logs)
         if logs:
-            timeout = self._print_logs(timeout, self._current._subscribers)
+            timeout = self._print_logs(timeout, self._current._subscribers, self.wait)
         deadline = deadline_of(timeout)
         while True:
             attempt = self._current

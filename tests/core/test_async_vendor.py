@@ -136,3 +136,36 @@ def test_a_run_read_back_from_its_directory_raises_the_ranks_own_error() -> None
     assert back.workload_metadata.name == "raises"
     with pytest.raises(KeyError, match="lost-key"):
         back.result(0)
+
+
+def test_a_run_of_another_caller_is_not_cancelled_from_its_directory(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    h = gated.start(str(gate))
+    eventually(lambda: h.status is RunStatus.RUNNING, "the run running")
+    back = RecordedRun(find_run(h.run_id))
+    assert back.status == WorkloadStatus.RUNNING and not back.wait(0)
+    with pytest.raises(ConfigurationError, match="was not started by `serverless-gpu run`"):
+        back.cancel()
+    gate.touch()
+    assert back.result(_WAIT_S).run_id == h.run_id  # its unread result, from the run directory
+    assert h.result(0)[0] == "opened"  # and still the caller's
+
+
+def test_the_originals_module_and_names() -> None:
+    from serverless_gpu import asynchronous, runtime
+
+    assert asynchronous.DistributedFunctionCall is RunHandle
+    assert asynchronous.RunStatus is WorkloadStatus
+    assert asynchronous.TERMINAL_STATUSES is TERMINAL_STATUSES
+    assert asynchronous.print_runs is serverless_gpu.print_runs
+    assert callable(serverless_gpu.stop)
+    assert serverless_gpu.stop.should_stop is runtime.should_stop  # the rank-side module's
+    assert [WorkloadStatus.of(s).value for s in RunStatus] == [
+        "PENDING",
+        "STARTING",
+        "RUNNING",
+        "COMPLETED",
+        "FAILED",
+        "FAILED",
+        "STOPPED",
+    ]
