@@ -17,6 +17,7 @@ from serverless_gpu import (
     TERMINAL_STATUSES,
     CancelledError,
     ConfigurationError,
+    DistributedError,
     DistributedFunctionCall,
     RunHandle,
     WorkloadStatus,
@@ -149,6 +150,8 @@ def test_a_run_of_another_caller_is_not_cancelled_from_its_directory(tmp_path: P
     gate.touch()
     assert back.result(_WAIT_S).run_id == h.run_id  # its unread result, from the run directory
     assert h.result(0)[0] == "opened"  # and still the caller's
+    with pytest.raises(DistributedError, match="its caller read them"):
+        back.result(0)  # once the caller has read them, they are gone
 
 
 def test_the_originals_module_and_names() -> None:
