@@ -22,7 +22,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import finisher
 from . import stacks as _stacks
@@ -44,6 +44,9 @@ from .hooks import RunContext
 from .results import RunResult, failure_exception, load_results, with_root_cause
 from .rundirs import release_run
 from .runpaths import RunPaths
+
+if TYPE_CHECKING:
+    from .caller.workloads import WorkloadMetadata
 
 R = TypeVar("R")
 _STDERR_TAIL_LINES = 20
@@ -238,7 +241,7 @@ class RunHandle(Generic[R]):
         return _stacks.take(self.context.paths, running, self._take_stacks, timeout)
 
     @property
-    def workload_metadata(self) -> Any:
+    def workload_metadata(self) -> WorkloadMetadata:
         """The run's name, ranks, status, parameters and links, as a ``WorkloadMetadata``
         with the original API's field names."""
         from .caller.workloads import metadata_of
