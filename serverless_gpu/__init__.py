@@ -27,9 +27,13 @@ from serverless_gpu.api.ray_launch import ray_launch
 from serverless_gpu.api.shutdown import shutdown
 from serverless_gpu.api.sweep import sweep
 from serverless_gpu.backends.ray.connect import ray_init
+from serverless_gpu.caller import reattach as _reattach  # noqa: F401 - gives RunHandle.from_run_id
 from serverless_gpu.caller import runrecord as _runrecord  # noqa: F401 - registers the run.json hook
 from serverless_gpu.caller.handle import RunHandle
+from serverless_gpu.caller.handle import RunHandle as DistributedFunctionCall
 from serverless_gpu.caller.results import RunResult
+from serverless_gpu.caller.statuses import TERMINAL_STATUSES, WorkloadStatus
+from serverless_gpu.caller.workloads import WorkloadMetadata, print_runs, stop
 from serverless_gpu.common.errors import (
     CancelledError,
     ConfigurationError,
@@ -56,16 +60,19 @@ from serverless_gpu.wire.events import RunStatus
 
 __version__ = "0.1.0"
 
+
 __all__ = [
     "ALL_COMPLETED",
     "FIRST_COMPLETED",
     "FIRST_EXCEPTION",
+    "TERMINAL_STATUSES",
     "AcceleratorType",
     "CancelledError",
     "ConfigurationError",
     "DistributedConfig",
     "DistributedError",
     "DistributedFunction",
+    "DistributedFunctionCall",
     "DistributedTimeoutError",
     "GPUConfigError",
     "GPUType",
@@ -78,6 +85,8 @@ __all__ = [
     "StorageError",
     "UsageError",
     "WaitTimeoutError",
+    "WorkloadMetadata",
+    "WorkloadStatus",
     "as_completed",
     "distributed",
     "get_global_rank",
@@ -85,9 +94,11 @@ __all__ = [
     "get_local_world_size",
     "get_node_rank",
     "get_world_size",
+    "print_runs",
     "ray_init",
     "ray_launch",
     "shutdown",
+    "stop",
     "sweep",
     "wait",
     "warm_up",

@@ -17,7 +17,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from serverless_gpu.api.decorator import DistributedFunction
 from serverless_gpu.common.errors import ConfigurationError
-from serverless_gpu.common.gpus import GPUType
+from serverless_gpu.common.gpus import GPUType, cpu_mode_requested
 from serverless_gpu.wire.accelerators import AcceleratorType, node_shape, one_count
 from serverless_gpu.wire.config import DEFAULT_TIMEOUT, DistributedConfig
 
@@ -46,12 +46,18 @@ class RayLaunchFunction(Generic[P, R]):
         functools.update_wrapper(self, func)  # type: ignore[arg-type]
 
     def distributed(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """The function's value, run on the connected Ray cluster; without one, on a Ray
+        cluster of this machine started for the call (the original's local mode)."""
         __tracebackhide__ = True
-        self._check_cluster()
-        return self._inner.distributed(*args, **kwargs)[0]
+        from serverless_gpu.backends.ray.connect import local_cluster
+
+        with local_cluster(cpu_only=cpu_mode_requested(self.gpu_type)):
+            self._check_cluster()
+            return self._inner.distributed(*args, **kwargs)[0]
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> Any:
-        """The run's handle (its result is a one-element list)."""
+        """The run's handle (its result is a one-element list), on the connected cluster:
+        a cluster of this machine lives only as long as ``.distributed()``."""
         self._check_cluster()
         return self._inner.start(*args, **kwargs)
 

@@ -22,7 +22,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from serverless_gpu.caller import finisher
 from serverless_gpu.caller.hangs import HangWatch
@@ -50,9 +50,27 @@ from serverless_gpu.wire.events import (
 )
 from serverless_gpu.wire.runpaths import RunPaths
 
+if TYPE_CHECKING:
+    from serverless_gpu.caller.workloads import WorkloadMetadata
+
 R = TypeVar("R")
 _STDERR_TAIL_LINES = 20
 _SLICE_S = 0.05
+_LIVE: weakref.WeakValueDictionary[str, RunHandle[Any]] = weakref.WeakValueDictionary()
+"""This process's handles by run id, for ``from_run_id`` (a dropped handle leaves it)."""
+
+
+def _not_registered(run_id: str) -> RunHandle[Any]:
+    raise RuntimeError("serverless_gpu.caller.reattach was not imported (the package face does)")
+
+
+_reattach: list[Callable[[str], RunHandle[Any]]] = [_not_registered]
+"""What ``from_run_id`` calls: ``caller/reattach.py`` registers itself here when the package
+face imports it (it builds handles of this class, so this module cannot import it)."""
+
+
+def register_reattach(reattach: Callable[[str], RunHandle[Any]]) -> None:
+    _reattach[0] = reattach
 
 
 class RunHandle(Generic[R]):
@@ -70,6 +88,8 @@ class RunHandle(Generic[R]):
       ``succeeded``, ``failed``, ``timed_out``, ``cancelled``.
     * ``devices``: the devices it was allocated (GPU entries or CPU slots), once it starts.
     * ``run_dir``, ``links`` (``links["mlflow"]`` when tracked), ``logs(rank)``.
+    * ``workload_metadata``, ``cleanup()``, ``RunHandle.from_run_id(run_id)`` (also spelled
+      ``DistributedFunctionCall``): the original API's names (``caller/``).
 
     Events are dispatched to subscribers by whichever thread waits on (or polls) the handle;
     those of a run that ends while no thread waits in ``result()``, by a background thread.
@@ -121,7 +141,16 @@ class RunHandle(Generic[R]):
         ctx.set_canceller(self.cancel)
         ctx.set_stacks_taker(self.stacks)
         ctx.handle = self
+        _LIVE[self.run_id] = self
         self.push(RunStarted.of(ctx.spec, time.time()))
+
+    @classmethod
+    def from_run_id(cls, run_id: str) -> RunHandle[Any]:
+        """The handle of any run in the runs folder, by its id (or a unique prefix): this
+        process's own handle for its runs; for a run of another kernel or of ``serverless-gpu
+        run --detach``, one read from its run directory (status, ``logs``, ``links``, and
+        ``result()`` once it has ended; see ``caller/reattach.py``)."""
+        return _reattach[0](run_id)
 
     # -- feeding (backend thread) ----------------------------------------------------------
 
@@ -206,11 +235,7 @@ class RunHandle(Generic[R]):
 
     def logs(self, rank: int = 0) -> str:
         """What rank ``rank`` wrote to stdout and stderr so far (its log file)."""
-        path = self.context.paths.log(rank)
-        try:
-            return path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return read_log(self.context.paths, rank)
 
     def cancel(self, reason: str = "cancelled by the user", *, force: bool = False) -> None:
         """Stop the run; returns at once. With ``stop_grace`` the first cancel asks the ranks
@@ -231,9 +256,27 @@ class RunHandle(Generic[R]):
             return _stacks.load_saved(self.context.paths, self.context.placement.world_size)
         return _stacks.take(self.context.paths, running, self._take_stacks, timeout)
 
-    def result(self, timeout: float | None = None) -> RunResult[R]:
-        """The ranks' return values in rank order, or the root-cause exception raised."""
+    @property
+    def workload_metadata(self) -> WorkloadMetadata:
+        """The run's name, ranks, status, parameters and links, as a ``WorkloadMetadata``
+        with the original API's field names."""
+        from serverless_gpu.caller.workloads import metadata_of
+
+        return metadata_of(self)
+
+    def cleanup(self) -> None:
+        """Nothing to do: the original API stops its environment-sync processes here; a run
+        here has none, and its files are dropped once its result is read."""
+
+    def result(self, timeout: float | None = None, logs: bool = False) -> RunResult[R]:
+        """The ranks' return values in rank order, or the root-cause exception raised.
+        ``logs=True`` prints every rank's log as it is written until then (``[rank N]`` first;
+        the live output of ``output`` is held back meanwhile, so no line shows twice)."""
         __tracebackhide__ = True  # IPython and pytest hide this frame in tracebacks
+        timeout, logs = logs_first(timeout, logs)
+        if logs:
+            # As a reader: the run's end is then handled here, its results read from the twin.
+            timeout = self._print_logs(timeout, self._subscribers, self._wait_as_reader)
         if not self._wait_as_reader(timeout):
             raise still_running(self.run_id, timeout, self.run_dir)
         values, error = self._load_outcome()
@@ -244,6 +287,21 @@ class RunHandle(Generic[R]):
         return values
 
     # -- internals -------------------------------------------------------------------------
+
+    def _print_logs(
+        self,
+        timeout: float | None,
+        printers: list[Subscriber],
+        wait: Callable[[float], bool],
+    ) -> float | None:
+        """Follow the ranks' logs while ``wait(seconds)`` says the run goes on, until it ends
+        or ``timeout``, the console printers among ``printers`` held back; the time left."""
+        from serverless_gpu.caller import follow
+
+        deadline = deadline_of(timeout)
+        with follow.muted(printers):
+            follow.follow(lambda: self.context.paths, wait, deadline)
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     def _wait_as_reader(self, timeout: float | None) -> bool:
         """``wait``, as a reader: a run that ends meanwhile is handled here, in this thread
@@ -335,6 +393,27 @@ def still_running(run_id: str, timeout: float | None, run_dir: Path) -> WaitTime
         "(call result() again to keep waiting, or cancel() to stop it)",
         run_dir=run_dir,
     )
+
+
+def read_log(paths: RunPaths, rank: int) -> str:
+    """Rank ``rank``'s log so far; empty before the rank has started."""
+    try:
+        return paths.log(rank).read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def live_handle(run_id: str) -> RunHandle[Any] | None:
+    """This process's handle of the run ``run_id``, while someone holds it."""
+    return _LIVE.get(run_id)
+
+
+def logs_first(timeout: float | bool | None, logs: bool) -> tuple[float | None, bool]:
+    """``result(True)``: the original API's ``result`` takes ``logs`` first, and a timeout of
+    True seconds means nothing."""
+    if isinstance(timeout, bool):
+        return None, timeout or logs
+    return timeout, logs
 
 
 def check_timeout(timeout: float | None) -> None:

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from serverless_gpu.caller.handle import RunHandle, deadline_of, still_running
+from serverless_gpu.caller.handle import RunHandle, deadline_of, logs_first, still_running
 from serverless_gpu.caller.results import RunResult
 from serverless_gpu.caller.retries import (
     Call,
@@ -195,9 +195,13 @@ class RetryingHandle(RunHandle[R]):
     def stacks(self, timeout: float = _stacks.WAIT_S) -> dict[int, str]:
         return self._current.stacks(timeout)
 
-    def result(self, timeout: float | None = None) -> RunResult[R]:
-        """The last attempt's values, or its error (with every attempt's root cause)."""
+    def result(self, timeout: float | None = None, logs: bool = False) -> RunResult[R]:
+        """The last attempt's values, or its error (with every attempt's root cause);
+        ``logs=True`` as for ``RunHandle.result``, across the attempts."""
         __tracebackhide__ = True
+        timeout, logs = logs_first(timeout, logs)
+        if logs:
+            timeout = self._print_logs(timeout, self._current._subscribers, self.wait)
         deadline = deadline_of(timeout)
         while True:
             attempt = self._current

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 import psutil
 
 from serverless_gpu.caller.hooks import RunContext, register_hook
+from serverless_gpu.common.errors import ConfigurationError
 from serverless_gpu.runfiles.rundirs import runs_root
 from serverless_gpu.wire.events import Event, RunFinished, RunScheduled
 from serverless_gpu.wire.runpaths import MARKER, RUN_NAME, RunPaths
@@ -30,6 +32,7 @@ UNKNOWN = "unknown"
 """A run directory without a record (made by an older version)."""
 _CLOCK_SLACK_S = 1.0
 _HOOK_ORDER = 50
+_CANCEL_WAIT_S = 30.0
 """After tracking (10), so that the MLflow run's link is known."""
 
 
@@ -181,3 +184,36 @@ def list_runs(root: Path | None = None) -> list[RunInfo]:
 
 
 register_hook(record_hook, order=_HOOK_ORDER)
+
+
+def find_run(run_id: str) -> RunInfo:
+    """The run whose id is ``run_id`` or starts with it (a unique prefix is enough)."""
+    matches = [run for run in list_runs() if run.run_id.startswith(run_id)]
+    exact = [run for run in matches if run.run_id == run_id]
+    if exact:
+        return exact[0]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ConfigurationError(f"no run {run_id!r} (serverless-gpu runs list shows the runs)")
+    raise ConfigurationError(
+        f"{run_id!r} names {len(matches)} runs: {', '.join(r.run_id for r in matches)}"
+    )
+
+
+def cancel(run: RunInfo) -> str:
+    """Stop a run started from the command line; returns its final status."""
+    if run.status != RUNNING:
+        return run.status
+    pid = run.record.get("cli_pid")
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        raise ConfigurationError(
+            f"run {run.run_id} was not started by `serverless-gpu run`: cancel it where it "
+            "runs (the notebook's Cancel button, or interrupt the kernel)"
+        )
+    caller = psutil.Process(int(pid))
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(caller.pid, signal.SIGTERM)
+    with contextlib.suppress(psutil.TimeoutExpired, psutil.NoSuchProcess):
+        caller.wait(_CANCEL_WAIT_S)
+    return RunInfo(run.run_id, run.run_dir, read_record(run.run_dir)).status

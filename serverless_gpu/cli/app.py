@@ -223,7 +223,8 @@ def runs_list(limit: int) -> None:
 @click.argument("run_id")
 def runs_show(run_id: str) -> None:
     """Everything known about one run: record, logs, MLflow run and its latest metrics."""
-    from serverless_gpu.cli.runs import find_run, show_lines
+    from serverless_gpu.caller.runrecord import find_run
+    from serverless_gpu.cli.runs import show_lines
 
     for line in show_lines(_found(find_run, run_id)):
         click.echo(line)
@@ -235,7 +236,8 @@ def runs_show(run_id: str) -> None:
 @click.option("--follow", is_flag=True, help="Keep printing until the run ends.")
 def runs_logs(run_id: str, rank: int | None, follow: bool) -> None:
     """A run's per-rank logs ([rank N] prefixes when there are several)."""
-    from serverless_gpu.cli.runs import find_run, print_logs
+    from serverless_gpu.caller.runrecord import find_run
+    from serverless_gpu.cli.runs import print_logs
 
     run = _found(find_run, run_id)
     try:
@@ -249,7 +251,7 @@ def runs_logs(run_id: str, rank: int | None, follow: bool) -> None:
 @click.argument("run_id")
 def runs_cancel(run_id: str) -> None:
     """Stop a run started with `serverless-gpu run` (e.g. --detach): every rank ends."""
-    from serverless_gpu.cli.runs import cancel, find_run
+    from serverless_gpu.caller.runrecord import cancel, find_run
 
     run = _found(find_run, run_id)
     try:

@@ -3,38 +3,22 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from serverless_gpu.caller.runrecord import RUNNING, RunInfo, list_runs, read_record
+from serverless_gpu.caller.runrecord import (
+    RUNNING,
+    RunInfo,
+    list_runs,
+    read_record,
+)
 from serverless_gpu.common.errors import ConfigurationError
 from serverless_gpu.wire.runpaths import RunPaths
 
 _FOLLOW_POLL_S = 0.2
-_CANCEL_WAIT_S = 30.0
-
-
-def find_run(run_id: str) -> RunInfo:
-    """The run whose id is ``run_id`` or starts with it (a unique prefix is enough)."""
-    matches = [run for run in list_runs() if run.run_id.startswith(run_id)]
-    exact = [run for run in matches if run.run_id == run_id]
-    if exact:
-        return exact[0]
-    if len(matches) == 1:
-        return matches[0]
-    if not matches:
-        raise ConfigurationError(f"no run {run_id!r} (serverless-gpu runs list shows the runs)")
-    raise ConfigurationError(
-        f"{run_id!r} names {len(matches)} runs: {', '.join(r.run_id for r in matches)}"
-    )
 
 
 def _when(ts: float) -> str:
@@ -228,21 +212,3 @@ def _write(data: bytes, rank: int | None) -> None:
         data = b"".join(b"[rank %d] " % rank + line for line in data.splitlines(keepends=True))
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
-
-
-def cancel(run: RunInfo) -> str:
-    """Stop a run started from the command line; returns its final status."""
-    if run.status != RUNNING:
-        return run.status
-    pid = run.record.get("cli_pid")
-    if not isinstance(pid, int) or isinstance(pid, bool):
-        raise ConfigurationError(
-            f"run {run.run_id} was not started by `serverless-gpu run`: cancel it where it "
-            "runs (the notebook's Cancel button, or interrupt the kernel)"
-        )
-    caller = psutil.Process(int(pid))
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(caller.pid, signal.SIGTERM)
-    with contextlib.suppress(psutil.TimeoutExpired, psutil.NoSuchProcess):
-        caller.wait(_CANCEL_WAIT_S)
-    return RunInfo(run.run_id, run.run_dir, read_record(run.run_dir)).status

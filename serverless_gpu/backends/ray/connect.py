@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 from serverless_gpu.common import settings
@@ -27,13 +29,7 @@ def connect(timeout: float | None = None) -> Any:
     """The ``ray`` module, connected: ``ray.init`` already called, else ``RAY_ADDRESS`` set (then
     we connect, first checking within ``timeout`` (the call's) that anything answers there).
     Raises :class:`ConfigurationError` saying how to connect, before anything starts."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigurationError(
-            f"{option('remote', True)} runs the call on a Ray cluster, and Ray is not installed: "
-            "pip install 'serverless-gpu[ray]'"
-        ) from None
+    ray = connect_module()
     if ray.is_initialized():
         return ray
     address = os.environ.get("RAY_ADDRESS", "").strip()
@@ -48,6 +44,51 @@ def connect(timeout: float | None = None) -> Any:
         ray.init(address=address, log_to_driver=False)
     except Exception as exc:
         raise ConfigurationError(_not_connected(address, exc)) from None
+    return ray
+
+
+def connected() -> bool:
+    """Whether a call would find a cluster: ``ray.init`` called, or ``RAY_ADDRESS`` set."""
+    try:
+        import ray
+    except ImportError:
+        return False
+    return bool(ray.is_initialized() or os.environ.get("RAY_ADDRESS", "").strip())
+
+
+@contextlib.contextmanager
+def local_cluster(cpu_only: bool) -> Iterator[None]:
+    """Nothing when this process is connected to a cluster (:func:`connected`); else a Ray
+    cluster of this machine for the block, as the original API's local mode starts over its
+    notebook node: ``ray.init("local")`` (a head node of this machine's CPUs and GPUs, none with
+    ``cpu_only``, no dashboard), shut down at the block's end with every process it started."""
+    if connected():
+        yield
+        return
+    ray = connect_module()
+    # Ranks' output comes back as the call's own events; Ray's copy would print it twice.
+    # "local": a new cluster, never one that `ray start` left running on this machine.
+    ray.init(
+        address="local",
+        num_gpus=0 if cpu_only else None,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def connect_module() -> Any:
+    """The ``ray`` module, or :class:`ConfigurationError` saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigurationError(
+            f"{option('remote', True)} runs the call on a Ray cluster, and Ray is not installed: "
+            "pip install 'serverless-gpu[ray]'"
+        ) from None
     return ray
 
 

@@ -1,0 +1,94 @@
+"""``result(logs=True)``: every rank's log printed as it is written, until the run ends.
+
+Read from the run's log files (``logs/rank_N.txt``), not from its events, so that a handle of
+this process and a run re-attached from another one print the same lines, each once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TextIO
+
+from serverless_gpu.caller.console import ConsolePrinter
+from serverless_gpu.wire.events import Subscriber
+from serverless_gpu.wire.runpaths import RunPaths
+
+STEP_S = 0.2
+"""How often the logs are read while the run goes on."""
+
+
+class LogTail:
+    """Where each rank's log was read up to; prints complete lines, ``[rank N]`` first."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream
+        self._read: dict[Path, int] = {}
+        self._partial: dict[Path, bytes] = {}
+
+    def emit(self, paths: RunPaths) -> None:
+        """Print the lines the ranks' logs gained since the last call."""
+        for rank, path in paths.existing_logs().items():
+            try:
+                with path.open("rb") as f:
+                    f.seek(self._read.get(path, 0))
+                    raw = f.read()
+            except OSError:  # pruned meanwhile: what was printed stays printed
+                continue
+            self._read[path] = self._read.get(path, 0) + len(raw)
+            done, newline, rest = (self._partial.pop(path, b"") + raw).rpartition(b"\n")
+            if rest:
+                self._partial[path] = rest
+            if newline:
+                self._write(rank, done + newline)
+
+    def flush(self, paths: RunPaths) -> None:
+        """The run has ended: the last line of each log, also without its newline."""
+        self.emit(paths)
+        for rank, path in paths.existing_logs().items():
+            rest = self._partial.pop(path, b"")
+            if rest:
+                self._write(rank, rest + b"\n")
+
+    def _write(self, rank: int, data: bytes) -> None:
+        text = data.decode(errors="replace")
+        out = self.stream if self.stream is not None else sys.stdout
+        out.write("".join(f"[rank {rank}] {line}" for line in text.splitlines(keepends=True)))
+        out.flush()
+
+
+def follow(
+    paths: Callable[[], RunPaths], wait: Callable[[float], bool], deadline: float | None
+) -> bool:
+    """Print the logs of ``paths()`` (read afresh: a retried call moves to a new run) while
+    ``wait(seconds)`` says the run goes on, until ``deadline`` (``time.monotonic()``); True
+    once the run has ended."""
+    tail = LogTail()
+    while True:
+        left = STEP_S if deadline is None else min(STEP_S, deadline - time.monotonic())
+        ended = wait(max(0.0, left))
+        current = paths()
+        if ended:
+            tail.flush(current)
+            return True
+        tail.emit(current)
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+
+
+@contextlib.contextmanager
+def muted(subscribers: list[Subscriber]) -> Iterator[None]:
+    """The console printers among ``subscribers`` print no rank output while the logs are
+    followed (they would print the same lines)."""
+    printers = [s for s in subscribers if isinstance(s, ConsolePrinter)]
+    outputs = [p.output for p in printers]
+    for printer in printers:
+        printer.output = "none"
+    try:
+        yield
+    finally:
+        for printer, output in zip(printers, outputs, strict=True):
+            printer.output = output
