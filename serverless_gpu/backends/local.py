@@ -23,7 +23,8 @@ from typing import Any
 
 from serverless_gpu.caller.handle import RunHandle
 from serverless_gpu.caller.hooks import RunContext
-from serverless_gpu.caller.system_metrics import DEFAULT_INTERVAL_S, SystemSampler
+from serverless_gpu.caller.system_metrics import SystemSampler
+from serverless_gpu.common import settings
 from serverless_gpu.common.errors import LauncherError, StorageError
 from serverless_gpu.common.gpus import Placement
 from serverless_gpu.common.lifetime import kill_group, signal_name
@@ -33,7 +34,7 @@ from serverless_gpu.runfiles.rundirs import (
     release_run,
     storage_hint,
 )
-from serverless_gpu.wire.env import METRICS_INTERVAL_ENV, group_env
+from serverless_gpu.wire.env import group_env
 from serverless_gpu.wire.events import RunFinished, RunQueued, RunScheduled, RunStatus
 from serverless_gpu.wire.protocol import (
     CancelRun,
@@ -256,7 +257,7 @@ class LocalBackend:
 
     def _start_sampler(self, spec: RunSpec, handle: RunHandle[Any]) -> None:
         env = spec.env  # what the ranks see
-        every = float(env.get(METRICS_INTERVAL_ENV, DEFAULT_INTERVAL_S))
+        every = settings.SYSTEM_METRICS_INTERVAL.read(env)
         if every <= 0:
             return
         sampler = SystemSampler(

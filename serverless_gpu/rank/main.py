@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import cloudpickle
 
-from serverless_gpu.common import sources
+from serverless_gpu.common import settings, sources
 from serverless_gpu.common.describe import describe_value
 from serverless_gpu.common.errors import (
     CONNECTION_LOST,
@@ -45,7 +45,6 @@ from serverless_gpu.runfiles.serialization import (
     load_payload,
     partial_path,
 )
-from serverless_gpu.wire.env import RANK_INIT_ENV
 from serverless_gpu.wire.protocol import (
     ErrorRecord,
     GroupReady,
@@ -316,7 +315,7 @@ def _locked_sender(conn: Connection) -> Callable[[Any], None]:
 
 def _call_initializers() -> None:
     """Run the hooks' ``module:function`` initializers named in the rank's environment."""
-    for name in filter(None, os.environ.get(RANK_INIT_ENV, "").split(",")):
+    for name in filter(None, settings.RANK_INIT.read().split(",")):
         module, _, attr = name.partition(":")
         getattr(importlib.import_module(module), attr)()
 
