@@ -144,9 +144,9 @@ class RunView:
         """When the view was made: renderers are made as the call starts, so the clock counts
         from the call, not from the ranks' start."""
         self.finished: float | None = None
-        self.status = RunStatus.PENDING
+        self.status = RunStatus.STARTING
         self.phase = STARTING_PHASES[0] if ctx.config.tracking else STARTING_PHASES[1]
-        """While ``status`` is ``PENDING`` (shown as "starting"): what the run waits for."""
+        """While ``status`` is ``STARTING``: what the run waits for."""
         self.message = ""
         self.root_cause_rank: int | None = None
         limit = max_lines if max_lines is not None else settings.WIDGET_LINES.read()

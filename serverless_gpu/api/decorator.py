@@ -286,10 +286,10 @@ class DistributedFunction(Generic[P, R]):
         if cfg.max_retries == 0:
             return self._start_with(Call(), args, kwargs, trial, payload)
 
-        def attempt(call: Call) -> RunHandle[R]:
+        def start_run(call: Call) -> RunHandle[R]:  # the run of the call's next attempt
             return self._start_with(call, args, kwargs, trial, payload)
 
-        return RetryingHandle(Call(max_retries=cfg.max_retries), cfg.retry_on, attempt)
+        return RetryingHandle(Call(max_retries=cfg.max_retries), cfg.retry_on, start_run)
 
     def start_trial(self, trial: int, item: Any) -> RunHandle[R]:
         """Start item number ``trial`` of a sweep (``sweep``) as one call, as ``map`` does:

@@ -96,7 +96,7 @@ def run_air_job(job: AirJob, job_dir: Path) -> int:
             if code in (0, EXIT_TIMED_OUT, EXIT_INTERRUPTED) or attempt == job.max_retries:
                 return code
             env["MASTER_PORT"] = str(free_port({int(env["MASTER_PORT"])}))
-            _say(f"attempt {attempt + 1} failed; retry {attempt + 1} of {job.max_retries}")
+            _say(f"attempt {attempt} failed; retry {attempt + 1} of {job.max_retries}")
     return EXIT_FAILED  # not reached: max_retries >= 0
 
 
