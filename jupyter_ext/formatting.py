@@ -41,7 +41,7 @@ def rank_label(rank: RankView) -> str:
 
 def status_words(view: RunView) -> str:
     """``starting (MLflow run)``, ``running``, ``timed out`` ..."""
-    if view.status is RunStatus.PENDING:
+    if view.status is RunStatus.STARTING:
         return f"starting ({view.phase})"
     return view.status.value.replace("_", " ")
 

@@ -10,13 +10,13 @@ viewers show. Terminal IPython gets the text renderer; ``SERVERLESS_GPU_DISPLAY`
 
 from __future__ import annotations
 
-import os
 import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol
 
 from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.common import settings
 from serverless_gpu.wire.events import Event, RunStatus
 
 from .text_renderer import TextRenderer
@@ -26,7 +26,6 @@ RENDER_HOOK_ORDER = 5
 run as starting at once. Links added later are drawn as they come (``ctx.links`` is shared)."""
 HOOKS_DONE_ORDER = 1000
 """After every other hook: the run waits for the launcher next."""
-DISPLAY_ENV = "SERVERLESS_GPU_DISPLAY"
 _KEEP_RECENT = 16
 
 
@@ -161,7 +160,7 @@ def renderer_for(run_id: str | None = None, run_dir: Path | None = None) -> Rend
 
 
 def widgets_wanted(shell: Any) -> bool:
-    mode = os.environ.get(DISPLAY_ENV, "auto").strip().lower()
+    mode = settings.DISPLAY.read()
     if mode == "text" or getattr(shell, "kernel", None) is None:
         return False
     try:

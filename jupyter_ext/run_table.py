@@ -209,7 +209,7 @@ class TrialRow:
             return ORPHANED
         if self.cancels_wanted:
             return "cancelling"
-        if view.status is RunStatus.PENDING:
+        if view.status is RunStatus.STARTING:
             queued = handle is not None and handle.status is RunStatus.QUEUED
             return RunStatus.QUEUED.value if queued else "starting"
         return view.status.value

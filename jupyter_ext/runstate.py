@@ -7,13 +7,13 @@ rank prints.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.common import settings
 from serverless_gpu.tracking import LatestMetrics
 from serverless_gpu.wire.events import (
     Event,
@@ -31,15 +31,8 @@ from . import progress
 from .metrics import key_metric
 from .progress import Progress
 
-MAX_LINES_ENV = "SERVERLESS_GPU_WIDGET_LINES"
-DEFAULT_MAX_LINES = 200
 METRIC_POINTS = 200
 """Values of the key metric the header's sparkline draws at most (the newest)."""
-
-
-def max_lines_setting() -> int:
-    value = os.environ.get(MAX_LINES_ENV, "")
-    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_LINES
 
 
 @dataclass
@@ -151,12 +144,12 @@ class RunView:
         """When the view was made: renderers are made as the call starts, so the clock counts
         from the call, not from the ranks' start."""
         self.finished: float | None = None
-        self.status = RunStatus.PENDING
+        self.status = RunStatus.STARTING
         self.phase = STARTING_PHASES[0] if ctx.config.tracking else STARTING_PHASES[1]
-        """While ``status`` is ``PENDING`` (shown as "starting"): what the run waits for."""
+        """While ``status`` is ``STARTING``: what the run waits for."""
         self.message = ""
         self.root_cause_rank: int | None = None
-        limit = max_lines if max_lines is not None else max_lines_setting()
+        limit = max_lines if max_lines is not None else settings.WIDGET_LINES.read()
         self.ranks = [RankView(r, limit) for r in range(self.world_size)]
         self.merged: deque[tuple[int, str]] = deque(maxlen=2 * limit)
         """Every rank's finished lines in arrival order, for the all-ranks view."""

@@ -29,7 +29,7 @@ _MUTED = "color:#6e7781"
 _BEST = "#1a7f37"
 _OUTCOME_CHARS = 80
 _PARAM_CHARS = 24
-STATUS_WORDS = {"pending": "starting", "timed_out": "timed out"}
+STATUS_WORDS = {"timed_out": "timed out"}
 _ORDER = [
     "queued",
     "starting",

@@ -43,8 +43,6 @@ from serverless_gpu.common.errors import (
     UsageError,
 )
 from serverless_gpu.common.gpus import GPUType, Placement, cpu_mode_requested, resolve_placement
-from serverless_gpu.common.lifetime import bounded_grace
-from serverless_gpu.rank.stop_request import ATTEMPT_ENV
 from serverless_gpu.runfiles.rundirs import new_run_dir, runs_root, storage_hint
 from serverless_gpu.runfiles.serialization import dump_payload, max_payload_bytes
 from serverless_gpu.wire.accelerators import AcceleratorType, one_count
@@ -235,7 +233,7 @@ class DistributedFunction(Generic[P, R]):
         try:
             return handle.result()
         except KeyboardInterrupt as exc:
-            _interrupted(handle, self.config)
+            _interrupted(handle)
             # The interrupt landed somewhere in the library's waiting loop: its frames
             # (handle.py, queue.py, threading.py) would only hide the user's line.
             raise exc.with_traceback(None)  # noqa: B904
@@ -288,10 +286,10 @@ class DistributedFunction(Generic[P, R]):
         if cfg.max_retries == 0:
             return self._start_with(Call(), args, kwargs, trial, payload)
 
-        def attempt(call: Call) -> RunHandle[R]:
+        def start_run(call: Call) -> RunHandle[R]:  # the run of the call's next attempt
             return self._start_with(call, args, kwargs, trial, payload)
 
-        return RetryingHandle(Call(max_retries=cfg.max_retries), cfg.retry_on, attempt)
+        return RetryingHandle(Call(max_retries=cfg.max_retries), cfg.retry_on, start_run)
 
     def start_trial(self, trial: int, item: Any) -> RunHandle[R]:
         """Start item number ``trial`` of a sweep (``sweep``) as one call, as ``map`` does:
@@ -328,7 +326,7 @@ class DistributedFunction(Generic[P, R]):
             raise _os_error(what, exc, ConfigurationError, folder=root) from exc
         paths = RunPaths(run_dir, results_dir)
         ctx = RunContext(RunSpec(run_id, name, placement, paths, cfg), call=call)
-        ctx.env[ATTEMPT_ENV] = str(call.attempt)
+        ctx.env[settings.ATTEMPT.name] = str(call.attempt)
         if trial is not None:
             ctx.metadata.update(trial=trial, params=trial_params(args, kwargs, self.func))
         subscribers = run_hooks(ctx)
@@ -345,12 +343,12 @@ class DistributedFunction(Generic[P, R]):
         return handle
 
 
-def _interrupted(handle: RunHandle[Any], cfg: DistributedConfig) -> None:
+def _interrupted(handle: RunHandle[Any]) -> None:
     """A KeyboardInterrupt while waiting: ask the ranks to stop (``stop_grace``) and wait for
-    them; a second interrupt stops them at once."""
+    them as long as a stop may take; a second interrupt stops them at once."""
     handle.cancel("interrupted (KeyboardInterrupt in the caller)")
     try:
-        handle.wait(cfg.stop_grace + bounded_grace(cfg.grace, cfg.timeout) + _INTERRUPT_WAIT_S)
+        handle.wait(handle.context.spec.stop_s + _INTERRUPT_WAIT_S)
     except KeyboardInterrupt:
         handle.cancel("interrupted twice (KeyboardInterrupt in the caller)", force=True)
         handle.wait(_INTERRUPT_WAIT_S)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from serverless_gpu.api.decorator import DistributedFunction
+from serverless_gpu.common import settings
 from serverless_gpu.common.errors import ConfigurationError
 from serverless_gpu.common.gpus import GPUType, cpu_mode_requested
 from serverless_gpu.wire.accelerators import AcceleratorType, node_shape, one_count
@@ -23,13 +24,12 @@ from serverless_gpu.wire.config import DEFAULT_TIMEOUT, DistributedConfig
 
 P = ParamSpec("P")
 R = TypeVar("R")
-GPUS_ENV = "SERVERLESS_GPU_RAY_LAUNCH_GPUS"
-_CPU_MODE_VARS = ("ACCELERATE_USE_CPU", "GLOO_SOCKET_IFNAME", "SERVERLESS_GPU_DEVICE")
+_CPU_MODE_VARS = ("ACCELERATE_USE_CPU", "GLOO_SOCKET_IFNAME", settings.DEVICE.name)
 
 
 def launch_gpus() -> int:
     """Inside a ``@ray_launch`` function: the ``gpus`` it was decorated with."""
-    return int(os.environ.get(GPUS_ENV, "0"))
+    return settings.RAY_LAUNCH_GPUS.read()
 
 
 class RayLaunchFunction(Generic[P, R]):
@@ -88,7 +88,7 @@ def _as_driver(func: Callable[..., Any], gpus: int, caller_set: tuple[str, ...])
         for key in _CPU_MODE_VARS:
             if key not in caller_set:
                 os.environ.pop(key, None)
-        os.environ[GPUS_ENV] = str(gpus)
+        os.environ[settings.RAY_LAUNCH_GPUS.name] = str(gpus)
         return func(*args, **kwargs)
 
     return driver

@@ -1,6 +1,6 @@
 """``result(logs=True)``: every rank's log printed as it is written, until the run ends.
 
-Read from the run's log files (``logs/rank_N.txt``), not from its events, so that a handle of
+Read from the run's log files (``RunPaths.log``), not from its events, so that a handle of
 this process and a run re-attached from another one print the same lines, each once.
 """
 

@@ -84,7 +84,7 @@ class RunHandle(Generic[R]):
     * ``cancel()``: stop it (a queued run leaves the queue); returns at once; see its own
       docstring for ``stop_grace`` and ``force``.
     * ``status``: a :class:`RunStatus`: ``queued`` (waiting for devices other runs hold),
-      ``pending`` (read "starting": devices allocated, ranks starting), ``running``,
+      ``starting`` (devices allocated, ranks starting), ``running``,
       ``succeeded``, ``failed``, ``timed_out``, ``cancelled``.
     * ``devices``: the devices it was allocated (GPU entries or CPU slots), once it starts.
     * ``run_dir``, ``links`` (``links["mlflow"]`` when tracked), ``logs(rank)``.
@@ -104,7 +104,7 @@ class RunHandle(Generic[R]):
         self.context = ctx
         self.run_id = ctx.run_id
         self.run_dir = ctx.run_dir
-        self._status = RunStatus.PENDING
+        self._status = RunStatus.STARTING
         self.devices: tuple[str, ...] = ()
         """The devices the launcher allocated to the run (empty while queued)."""
         self.ranks: dict[int, RankFinished] = {}
@@ -354,10 +354,10 @@ class RunHandle(Generic[R]):
         elif isinstance(event, RunQueued):
             self._status = RunStatus.QUEUED
         elif isinstance(event, RunScheduled):
-            self._status = RunStatus.PENDING
+            self._status = RunStatus.STARTING
             self.devices = event.devices
             self.context.metadata["devices"] = event.devices
-        elif self._status is RunStatus.PENDING and isinstance(event, RankStarted | OutputLines):
+        elif self._status is RunStatus.STARTING and isinstance(event, RankStarted | OutputLines):
             self._status = RunStatus.RUNNING
         for subscriber in self._subscribers:
             subscriber(event)

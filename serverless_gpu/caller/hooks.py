@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from serverless_gpu.common import settings
 from serverless_gpu.common.gpus import Placement
 from serverless_gpu.wire.config import DistributedConfig
-from serverless_gpu.wire.env import RANK_INIT_ENV
 from serverless_gpu.wire.events import Subscriber
 from serverless_gpu.wire.runpaths import RunPaths
 from serverless_gpu.wire.runspec import RunSpec
@@ -87,7 +87,7 @@ class RunContext:
         the hooks' additions, where the ranks start and their ``sys.path``."""
         env = {**os.environ, **self.env}
         if self.rank_initializers:
-            env[RANK_INIT_ENV] = ",".join(self.rank_initializers)
+            env[settings.RANK_INIT.name] = ",".join(self.rank_initializers)
         self.spec = replace(self.spec, env=env, cwd=cwd, sys_path=sys_path)
         return self.spec
 

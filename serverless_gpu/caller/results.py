@@ -128,7 +128,12 @@ def timeout_error(
             continue
         where[rank] = line + (f"; last collective: {collective}" if collective else "")
     return DistributedTimeoutError(
-        timeout, running, run_dir=paths.run_dir, stacks=found, where=where
+        timeout,
+        running,
+        run_dir=paths.run_dir,
+        stacks=found,
+        where=where,
+        stacks_dir=paths.stacks_dir,
     )
 
 

@@ -39,6 +39,8 @@ class Call:
 
     max_retries: int = 0
     attempt: int = 0
+    """The attempt running now: 0 first, then 1, 2 ... (``runtime.attempt()`` in its ranks);
+    attempt N > 0 is retry N of ``max_retries``."""
     call_id: str = field(default_factory=lambda: secrets.token_hex(6))
     state: dict[str, Any] = field(default_factory=dict)
     _on_end: list[Callable[[str], None]] = field(default_factory=list)
@@ -81,6 +83,7 @@ def is_collective_error(exc: BaseException) -> bool:
 @dataclass(frozen=True)
 class FailedAttempt:
     number: int
+    """Which attempt failed, 0 first (``Call.attempt``)."""
     cause: str
     run_dir: Path | None
 
@@ -113,7 +116,8 @@ def add_note(exc: BaseException, note: str) -> None:
 def say_retrying(failed: FailedAttempt, call: Call) -> None:
     print(
         f"serverless_gpu: attempt {failed.number} failed ({failed.cause}); starting attempt "
-        f"{call.attempt} of {call.max_retries} (runtime.attempt() tells the ranks)",
+        f"{call.attempt}, retry {call.attempt} of {call.max_retries} (runtime.attempt() tells "
+        "the ranks)",
         file=sys.stderr,
         flush=True,
     )

@@ -34,7 +34,7 @@ from serverless_gpu.wire.events import Event, RunFinished, RunStatus, Subscriber
 
 R = TypeVar("R")
 
-_ATTEMPT_FIELDS = frozenset(
+_RUN_FIELDS = frozenset(
     {"context", "run_id", "run_dir", "devices", "ranks", "finished", "load_values"}
 )
 """The current attempt's attributes a caller reads on the handle as on any ``RunHandle``."""
@@ -49,8 +49,8 @@ class RetryingHandle(RunHandle[R]):
         retry_on: tuple[type[BaseException] | str, ...],
         start: Callable[[Call], RunHandle[R]],
     ) -> None:
-        # No RunHandle.__init__: every run's state is its attempt's (``_ATTEMPT_FIELDS``).
-        self._call, self._retry_on, self._start_attempt = call, retry_on, start
+        # No RunHandle.__init__: its state is the current attempt's run's (``_RUN_FIELDS``).
+        self._call, self._retry_on, self._start_run = call, retry_on, start
         self._deciding = threading.RLock()
         """Held while an attempt's end is judged and the next attempt started."""
         self._failed: list[FailedAttempt] = []
@@ -69,13 +69,13 @@ class RetryingHandle(RunHandle[R]):
         self._current = self._follow(first)
 
     def __getattr__(self, name: str) -> Any:
-        if name in _ATTEMPT_FIELDS:
+        if name in _RUN_FIELDS:
             return getattr(self._current, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- following the attempts --------------------------------------------------------------
 
-    def _follow(self, attempt: RunHandle[R]) -> RunHandle[R]:
+    def _follow(self, run: RunHandle[R]) -> RunHandle[R]:
         """Subscribe to an attempt: its end is judged as it is dispatched; the caller's
         subscribers get its events too. Weak: a dropped handle retries nothing."""
         me = weakref.ref(self)
@@ -83,24 +83,24 @@ class RetryingHandle(RunHandle[R]):
         def on_event(event: Event) -> None:
             handle = me()
             if handle is not None and isinstance(event, RunFinished):
-                handle._decide(attempt)
+                handle._decide(run)
 
-        attempt.subscribe(on_event)
+        run.subscribe(on_event)
         for subscriber in self._subscribers:
-            attempt.subscribe(subscriber)
-        return attempt
+            run.subscribe(subscriber)
+        return run
 
-    def _decide(self, attempt: RunHandle[R]) -> None:
+    def _decide(self, run: RunHandle[R]) -> None:
         """An attempt has ended (once dispatched): the call is over, or the next attempt
         starts. Idempotent; callers hold no attempt's locks except in its own dispatch."""
         with self._deciding:
-            if attempt is not self._current or self._over:
+            if run is not self._current or self._over:
                 return
-            finished = attempt.finished
+            finished = run.finished
             if finished is not None and finished.status is RunStatus.SUCCEEDED:
                 self._end("succeeded")  # its results stay unloaded until someone reads them
                 return
-            error = _error_of(attempt)
+            error = _error_of(run)
             self._failed.append(failed_attempt(self._call.attempt, error))
             if self._is_last(error):
                 if len(self._failed) > 1:
@@ -121,7 +121,7 @@ class RetryingHandle(RunHandle[R]):
 
     def _start_next(self) -> None:
         try:
-            self._current = self._follow(self._start_attempt(self._call))
+            self._current = self._follow(self._start_run(self._call))
         except Exception as exc:  # a call that cannot start again ends with that error
             add_note(exc, attempts_note(self._failed))
             self._start_error = exc
@@ -131,11 +131,11 @@ class RetryingHandle(RunHandle[R]):
         self._over = True
         self._call.end(status)
 
-    def _settled(self, attempt: RunHandle[R]) -> bool:
-        """Whether ``attempt``, which has ended, is the call's last (judged here if its
+    def _settled(self, run: RunHandle[R]) -> bool:
+        """Whether ``run``, which has ended, is the call's last (judged here if its
         dispatch did not judge it)."""
-        self._decide(attempt)
-        return attempt is self._current
+        self._decide(run)
+        return run is self._current
 
     # -- the handle ------------------------------------------------------------------------
 
@@ -146,31 +146,31 @@ class RetryingHandle(RunHandle[R]):
     def poll(self, blocking: bool = True) -> bool:
         """Dispatch the current attempt's events; True once the call's last attempt ended."""
         while True:
-            attempt = self._current
-            if not attempt.poll(blocking):
+            run = self._current
+            if not run.poll(blocking):
                 return False
             if not blocking:  # its end may be being judged in another thread right now
-                return self._over and attempt is self._current
-            if self._settled(attempt):
+                return self._over and run is self._current
+            if self._settled(run):
                 return True
 
     @property
     def status(self) -> RunStatus:
-        """The current attempt's status; ``pending`` while the next attempt is starting."""
-        attempt = self._current
-        status = attempt.status
-        if status.finished and not (self._over and attempt is self._current):
-            return RunStatus.PENDING
+        """The current attempt's status; ``starting`` while the next attempt is starting."""
+        run = self._current
+        status = run.status
+        if status.finished and not (self._over and run is self._current):
+            return RunStatus.STARTING
         return status
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the call's last attempt ends (True) or ``timeout`` seconds pass."""
         deadline = deadline_of(timeout)
         while True:
-            attempt = self._current
-            if not attempt.wait(_left(deadline)):
+            run = self._current
+            if not run.wait(_left(deadline)):
                 return False
-            if self._settled(attempt):
+            if self._settled(run):
                 return True
 
     def done(self) -> bool:
@@ -187,10 +187,10 @@ class RetryingHandle(RunHandle[R]):
         """Stop the current attempt and start no other; as ``RunHandle.cancel``."""
         with self._deciding:  # an attempt starting now is the one cancelled
             self._cancelled = True
-            attempt = self._current
+            run = self._current
         if not self.poll(blocking=False):
             self._cancels += 1
-            attempt.cancel(reason, force=force or self._cancels > 1)
+            run.cancel(reason, force=force or self._cancels > 1)
 
     def stacks(self, timeout: float = _stacks.WAIT_S) -> dict[int, str]:
         return self._current.stacks(timeout)
@@ -204,24 +204,24 @@ class RetryingHandle(RunHandle[R]):
             timeout = self._print_logs(timeout, self._current._subscribers, self.wait)
         deadline = deadline_of(timeout)
         while True:
-            attempt = self._current
-            if not attempt._wait_as_reader(_left(deadline)):
-                raise still_running(attempt.run_id, timeout, attempt.run_dir)
-            if self._settled(attempt):
+            run = self._current
+            if not run._wait_as_reader(_left(deadline)):
+                raise still_running(run.run_id, timeout, run.run_dir)
+            if self._settled(run):
                 break
         if self._start_error is not None:
             raise self._start_error.with_traceback(None)
-        return attempt.result(0)
+        return run.result(0)
 
 
 def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def _error_of(attempt: RunHandle[Any]) -> BaseException:
+def _error_of(run: RunHandle[Any]) -> BaseException:
     """The error of an attempt that did not succeed (the one its ``result()`` raises)."""
     try:
-        attempt.result(0)
+        run.result(0)
     except Exception as exc:
         return exc
-    raise AssertionError(f"run {attempt.run_id} ended {attempt.status.value} with a result")
+    raise AssertionError(f"run {run.run_id} ended {run.status.value} with a result")

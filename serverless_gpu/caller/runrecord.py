@@ -22,7 +22,7 @@ import psutil
 from serverless_gpu.caller.hooks import RunContext, register_hook
 from serverless_gpu.common.errors import ConfigurationError
 from serverless_gpu.runfiles.rundirs import runs_root
-from serverless_gpu.wire.events import Event, RunFinished, RunScheduled
+from serverless_gpu.wire.events import Event, RunFinished, RunScheduled, RunStatus
 from serverless_gpu.wire.runpaths import MARKER, RUN_NAME, RunPaths
 
 RUNNING = "running"
@@ -116,6 +116,8 @@ class RunInfo:
     @property
     def status(self) -> str:
         status = str(self.record.get("status", UNKNOWN))
+        with contextlib.suppress(ValueError):
+            status = RunStatus(status).value  # an older record's word for it reads as today's
         if status == RUNNING and not self.caller_alive():
             return LOST
         return status

@@ -17,8 +17,6 @@ import psutil
 from serverless_gpu.common.gpus import visible_nvml_devices
 from serverless_gpu.wire.events import SystemMetrics
 
-DEFAULT_INTERVAL_S = 10.0
-
 
 class SystemSampler:
     """Pushes a :class:`SystemMetrics` reading at once and then every ``interval`` seconds

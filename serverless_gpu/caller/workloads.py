@@ -36,7 +36,7 @@ class WorkloadMetadata:
     """The run's MLflow page when tracked, else its run directory."""
     status: RunStatus
     view_logs_link: str
-    """The folder of the ranks' logs (``rank_N.txt``)."""
+    """The folder of the ranks' logs (one file per rank, named by ``RunPaths.log``)."""
     params: dict[str, Any] = field(default_factory=dict)
     """The run's parameters: a ``map`` or ``sweep`` item's arguments; empty for ``start``."""
     system_metrics_link: str | None = None

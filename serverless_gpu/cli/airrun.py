@@ -24,8 +24,8 @@ import yaml
 
 from serverless_gpu.cli.airjob import AirJob
 from serverless_gpu.cli.launch import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TIMED_OUT
+from serverless_gpu.common import settings
 from serverless_gpu.common.lifetime import terminate_groups
-from serverless_gpu.rank.stop_request import ATTEMPT_ENV
 from serverless_gpu.wire.env import free_port
 
 STOP_GRACE_S = 10.0
@@ -96,7 +96,7 @@ def run_air_job(job: AirJob, job_dir: Path) -> int:
             if code in (0, EXIT_TIMED_OUT, EXIT_INTERRUPTED) or attempt == job.max_retries:
                 return code
             env["MASTER_PORT"] = str(free_port({int(env["MASTER_PORT"])}))
-            _say(f"attempt {attempt + 1} failed; retry {attempt + 1} of {job.max_retries}")
+            _say(f"attempt {attempt} failed; retry {attempt + 1} of {job.max_retries}")
     return EXIT_FAILED  # not reached: max_retries >= 0
 
 
@@ -105,7 +105,7 @@ def _attempt(job: AirJob, env: dict[str, str], attempt: int) -> int:
     code = EXIT_INTERRUPTED
     try:
         # runtime.attempt() in the ranks reads it, as in a retried decorated call
-        code = _run_command(job, {**env, **run.env, ATTEMPT_ENV: str(attempt)})
+        code = _run_command(job, {**env, **run.env, settings.ATTEMPT.name: str(attempt)})
     finally:
         run.end(code)
     return code

@@ -200,6 +200,7 @@ class DistributedTimeoutError(CallerError, TimeoutError):
         run_dir: Path | None,
         stacks: dict[int, str] | None = None,
         where: dict[int, str] | None = None,
+        stacks_dir: Path | None = None,
     ) -> None:
         ranks = ", ".join(str(r) for r in running_ranks) or "none"
         text = (
@@ -208,8 +209,8 @@ class DistributedTimeoutError(CallerError, TimeoutError):
         if where:
             text += "\nwhere each rank was (main thread) when the timeout struck:"
             text += "".join(f"\n  rank {r}: {line}" for r, line in sorted(where.items()))
-        if stacks and run_dir is not None:
-            text += f"\nevery thread's stack: the error's .stacks, and {run_dir / 'stacks'}"
+        if stacks and stacks_dir is not None:
+            text += f"\nevery thread's stack: the error's .stacks, and {stacks_dir}"
         super().__init__(text, run_dir=run_dir)
         self.timeout = timeout
         self.running_ranks = running_ranks

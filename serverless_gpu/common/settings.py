@@ -1,5 +1,6 @@
 """Every ``SERVERLESS_GPU_*`` environment variable the library reads: name, default, parsing and
-limits, in one place.
+limits, in one place. The only module that spells their names: every reader calls
+:meth:`Variable.read` and every writer sets ``env[VARIABLE.name]``.
 
 :func:`check` validates all of them when a call starts, before a run directory, an MLflow run
 or the launcher exists, so a malformed value is a :class:`ConfigurationError` naming the
@@ -48,6 +49,10 @@ class Variable(Generic[T]):
             raise ConfigurationError(
                 f"environment variable {self.name}={raw!r} is invalid: {exc}"
             ) from None
+
+    def present(self, environ: Mapping[str, str] | None = None) -> bool:
+        """Whether the variable is set at all, even to an empty value."""
+        return self.name in (os.environ if environ is None else environ)
 
 
 def _int_between(low: int, high: int) -> Callable[[str], int]:
@@ -239,19 +244,73 @@ USER_SETTINGS: tuple[Variable[Any], ...] = (
 )
 """Every variable a user may set."""
 
-INTERNAL = (
+# -- internal: set by the library for its own processes, never by a user -------------------
+
+DEVICE = Variable(
     "SERVERLESS_GPU_DEVICE",
-    "SERVERLESS_GPU_RUN_ID",
-    "SERVERLESS_GPU_RUN_DIR",
-    "SERVERLESS_GPU_DEVICES",
-    "SERVERLESS_GPU_RANK_INIT",
-    "SERVERLESS_GPU_MLFLOW_RUN_ID",
-    "SERVERLESS_GPU_MLFLOW_ARTIFACT_URI",
-    "SERVERLESS_GPU_RAY_LAUNCH_GPUS",
-    "SERVERLESS_GPU_ATTEMPT",
+    "cuda",
+    _text,
+    "In a rank: the kind of device its run uses (``wire/env.py``).",
 )
-"""Set by the library in each rank's environment (``env.py``, ``tracking/``,
-``backends/ray/launch.py``, ``stop.py``); not settings."""
+RUN_ID = Variable(
+    "SERVERLESS_GPU_RUN_ID", "", _text, "In a rank: the id of its run (``wire/env.py``)."
+)
+RUN_DIR = Variable(
+    "SERVERLESS_GPU_RUN_DIR", "", _text, "In a rank: its run directory (``wire/env.py``)."
+)
+DEVICES = Variable(
+    "SERVERLESS_GPU_DEVICES",
+    "",
+    _text,
+    "In a rank: the comma-separated devices its run was allocated (``launcher/allocation.py``).",
+)
+RANK_INIT = Variable(
+    "SERVERLESS_GPU_RANK_INIT",
+    "",
+    _text,
+    "In a rank: comma-separated ``module:function`` initializers run before the user's "
+    "function (``caller/hooks.py``).",
+)
+MLFLOW_RUN_ID = Variable(
+    "SERVERLESS_GPU_MLFLOW_RUN_ID",
+    "",
+    _text,
+    "In a tracked rank: the MLflow run its fast logging writes into; set but empty: the store "
+    "is unreachable and points go to the run directory. Kept apart from ``MLFLOW_RUN_ID``, "
+    "which MLflow's own ``start_run`` deletes from the environment when it resumes the run.",
+)
+MLFLOW_ARTIFACT_URI = Variable(
+    "SERVERLESS_GPU_MLFLOW_ARTIFACT_URI",
+    "",
+    _text,
+    "In a tracked rank: the run's artifact location, so ``log_artifact`` need not look it up.",
+)
+RAY_LAUNCH_GPUS = Variable(
+    "SERVERLESS_GPU_RAY_LAUNCH_GPUS",
+    0,
+    _int_between(0, 1_000_000),
+    "In a ``@ray_launch`` driver: the ``gpus`` it was decorated with (``api/ray_launch.py``).",
+)
+ATTEMPT = Variable(
+    "SERVERLESS_GPU_ATTEMPT",
+    0,
+    _int_between(0, 1_000_000),
+    "In a rank: which run of its call this is, 0 first (``runtime.attempt()``).",
+)
+
+INTERNAL: tuple[Variable[Any], ...] = (
+    DEVICE,
+    RUN_ID,
+    RUN_DIR,
+    DEVICES,
+    RANK_INIT,
+    MLFLOW_RUN_ID,
+    MLFLOW_ARTIFACT_URI,
+    RAY_LAUNCH_GPUS,
+    ATTEMPT,
+)
+"""Set by the library in the environment of its ranks and drivers; not settings (``check``
+leaves them alone)."""
 
 
 def check(environ: Mapping[str, str] | None = None) -> dict[str, Any]:

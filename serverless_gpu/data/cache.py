@@ -29,7 +29,7 @@ from serverless_gpu.data.errors import CacheFullError, VolumeReadError
 __all__ = ["CachePin", "LocalCache", "default_cache_dir"]
 
 _LOCKS = ".locks"
-_ATTEMPTS = 5
+_TRIES = 5
 
 
 def default_cache_dir() -> Path:
@@ -80,7 +80,7 @@ class LocalCache:
         reused when its size equals ``size``.
         """
         target = self._target(relpath)
-        for _ in range(_ATTEMPTS):
+        for _ in range(_TRIES):
             pin = self._try_pin(target, size)
             if pin is not None:
                 return pin
@@ -91,7 +91,7 @@ class LocalCache:
                     return pin
                 self._download(target, size, download)
         raise CacheFullError(
-            f"{relpath!r} was evicted again right after download {_ATTEMPTS} times; the cache "
+            f"{relpath!r} was evicted again right after download {_TRIES} times; the cache "
             f"under {self.root} is too small for the files in use (min_free_bytes="
             f"{self.min_free_bytes})"
         )

@@ -23,9 +23,9 @@ from typing import Any, NamedTuple
 import torch.utils.data
 from torch.utils.data import get_worker_info
 
+from serverless_gpu.common import settings
 from serverless_gpu.data.checkpointable import Checkpointable
 from serverless_gpu.rank import runtime
-from serverless_gpu.tracking.settings import MLFLOW_RUN_ID_ENV
 
 __all__ = ["LOG_INTERVAL_S", "METRICS", "DataLoader"]
 
@@ -257,7 +257,7 @@ class _BatchTimes:
 def _log_metrics(metrics: dict[str, float], step: int) -> None:
     """Into the call's run in a tracked rank, else into this process's active run, else
     nowhere. Timing never stops training: a failure is a warning."""
-    if os.environ.get(MLFLOW_RUN_ID_ENV) is None:
+    if not settings.MLFLOW_RUN_ID.present():
         loaded = sys.modules.get("mlflow")
         if loaded is None or loaded.active_run() is None:
             return

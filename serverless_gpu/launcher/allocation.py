@@ -20,7 +20,6 @@ from serverless_gpu.common import settings
 from serverless_gpu.common.gpus import visible_device_ids
 from serverless_gpu.wire.runspec import RunSpec
 
-DEVICES_ENV = "SERVERLESS_GPU_DEVICES"
 """The devices a run was allocated, comma-separated (GPU entries or CPU slot numbers)."""
 
 
@@ -124,12 +123,12 @@ class Allocator:
 def with_devices(spec: RunSpec, devices: tuple[str, ...]) -> RunSpec:
     """The spec with its allocation in the ranks' environment."""
     env = dict(spec.env)
-    env[DEVICES_ENV] = ",".join(devices)
+    env[settings.DEVICES.name] = ",".join(devices)
     if spec.device == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     return dataclasses.replace(spec, env=env)
 
 
 def devices_of(spec: RunSpec) -> tuple[str, ...]:
-    raw = spec.env.get(DEVICES_ENV, "")
+    raw = settings.DEVICES.read(spec.env)
     return tuple(raw.split(",")) if raw else ()

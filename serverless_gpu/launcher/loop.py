@@ -9,49 +9,33 @@ No peer can block it: every channel is non-blocking (``channel.py``). Only the e
 caller's socket (or the caller's exit) means the caller is gone; any other error while
 handling a message fails that message's run with its cause, and the launcher stays up.
 
-Run as ``python -m serverless_gpu.launcher FD`` where FD is its end of a socketpair.
+This module is the select loop; admitting runs (queue, devices, ranks) is ``admission.py``,
+reaping children ``reaping.py``, the process's start ``__main__.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import importlib
-import os
-import resource
 import selectors
 import shutil
-import signal
-import socket
 import sys
 import time
-from collections import deque
-from pathlib import Path
 from typing import Any
 
-import psutil
-
-from serverless_gpu.common.lifetime import (
-    become_subreaper,
-    die_with_parent,
-    reap_adopted,
-    terminate_groups,
-)
-from serverless_gpu.common.proctitle import set_title
-from serverless_gpu.launcher.allocation import Allocator, devices_of
+from serverless_gpu.common.lifetime import terminate_groups
+from serverless_gpu.launcher import reaping
+from serverless_gpu.launcher.admission import Admission, StartFailed
+from serverless_gpu.launcher.allocation import Allocator
 from serverless_gpu.launcher.log import log, log_exception
-from serverless_gpu.launcher.rank_handle import RankProcess
 from serverless_gpu.launcher.standby import RankSet, Standby, fork_set
 from serverless_gpu.launcher.supervisor import RunSupervisor
 from serverless_gpu.wire.channel import Channel, Undecodable
-from serverless_gpu.wire.env import free_port, group_env
-from serverless_gpu.wire.events import RunFinished, RunQueued, RunScheduled, RunStatus
+from serverless_gpu.wire.events import RunFinished, RunStatus
 from serverless_gpu.wire.protocol import (
     CancelRun,
     Exiting,
     Prewarm,
     RankGroups,
-    RunAccepted,
     Shutdown,
     TakeStacks,
 )
@@ -64,10 +48,7 @@ _REAP_AT_EXIT_S = 10.0
 """How long shutdown waits for SIGKILLed ranks to be gone (a GPU driver's teardown)."""
 _FLUSH_AT_EXIT_S = 2.0
 """How long the last events may wait for a caller that does not read, at shutdown."""
-
-
-class StartFailed(Exception):
-    """A run could not be started; the message is what the caller reads."""
+_SHUTTING_DOWN = "the launcher is shutting down"
 
 
 class LauncherLoop:
@@ -86,14 +67,22 @@ class LauncherLoop:
             self.selector.register(caller_pidfd, selectors.EVENT_READ, self._on_caller_exit)
             self.backlog_selector.register(caller_pidfd, selectors.EVENT_READ)
         self.reported_groups: tuple[int, ...] = ()
-        self.runs: dict[str, RunSupervisor] = {}
-        self.standby = Standby()
+        self.admission = Admission(self.emit, self.selector, self._report_groups)
         self.preload: set[str] = set()
-        self.allocator = Allocator()
-        self.results_dirs: deque[Path] = deque(maxlen=256)
-        """tmpfs folders of this caller's runs: deleted at shutdown in case the caller died
-        before it could (the caller deletes each once it has loaded the results)."""
         self.running = True
+
+    @property
+    def runs(self) -> dict[str, RunSupervisor]:
+        """The runs started and not closed yet, by id."""
+        return self.admission.runs
+
+    @property
+    def standby(self) -> Standby:
+        return self.admission.standby
+
+    @property
+    def allocator(self) -> Allocator:
+        return self.admission.allocator
 
     # -- loop --------------------------------------------------------------------------------
 
@@ -112,9 +101,9 @@ class LauncherLoop:
                     self._free_devices(run)
                 if run.finished and run.all_exited:
                     self._close_run(run)
-            self._unhold()
+            self.admission.unhold()
             self.standby.reap()
-            reap_adopted(self._known_pids())
+            reaping.reap_orphans(self.runs.values(), self.standby)
             self._report_groups()
 
     def _wait_for_caller(self) -> None:
@@ -142,7 +131,7 @@ class LauncherLoop:
     def _report_groups(self) -> None:
         """Tell the caller which rank groups exist, so it can kill them if this process dies
         without doing it (SIGKILL, OOM killer)."""
-        groups = tuple(sorted(self._known_pids()))
+        groups = tuple(sorted(reaping.known_pids(self.runs.values(), self.standby)))
         if groups != self.reported_groups:
             self.reported_groups = groups
             self.emit(RankGroups(groups))
@@ -189,13 +178,13 @@ class LauncherLoop:
         if isinstance(message, Undecodable):
             log(f"a message from the caller could not be loaded: {message.error!r}")
         elif isinstance(message, RunSpec):
-            self._start(message)
+            self.admission.start(message)
         elif isinstance(message, CancelRun):
             run = self.runs.get(message.run_id)
             if run is not None:
                 run.cancel(message.reason, message.force)
-            elif self.allocator.dequeue(message.run_id) is not None:
-                self._end_queued(message.run_id, message.reason)
+            else:
+                self.admission.cancel_queued(message.run_id, message.reason)
         elif isinstance(message, TakeStacks):
             run = self.runs.get(message.run_id)
             if run is not None:
@@ -210,98 +199,6 @@ class LauncherLoop:
         if message.env is not None:
             self.standby.group_env = message.env
         self.standby.use((message.device, message.world_size), True, message.warm_group)
-
-    def _start(self, spec: RunSpec) -> None:
-        self.emit(RunAccepted(spec.run_id))
-        self.standby.group_env = group_env(spec.env)
-        shape = (spec.device, spec.world_size)
-        self.standby.use(shape, spec.config.standby, spec.config.warm_process_group)
-        if spec.paths.results_dir is not None:
-            self.results_dirs.append(spec.paths.results_dir)
-        admitted = self.allocator.admit(spec)
-        if admitted is None:
-            self.emit(RunQueued(spec.run_id, self.allocator.position(spec), time.time()))
-            return
-        self._launch(admitted)
-
-    def _end_queued(self, run_id: str, reason: str) -> None:
-        """A run that never left the queue ends as cancelled: it has no ranks to stop."""
-        self.emit(RunFinished(run_id, RunStatus.CANCELLED, None, reason, (), time.time()))
-
-    def _start_queued(self, ended_run_id: str) -> None:
-        """Free the devices of a run that ended (or never started); start who can now."""
-        for spec in self.allocator.release(ended_run_id):
-            try:
-                self._launch(spec)
-            except Exception as exc:
-                text = str(exc) if isinstance(exc, StartFailed) else repr(exc)
-                log_exception(text)
-                self.emit(RunFinished(spec.run_id, RunStatus.FAILED, None, text, (), time.time()))
-                self.allocator.release(spec.run_id)  # the next run waits for a run's end
-
-    def _launch(self, spec: RunSpec) -> None:
-        """Start a run on the devices in its spec; they are freed if it cannot start."""
-        try:
-            self._launch_on_devices(spec)
-        except BaseException:
-            if spec.run_id not in self.runs:
-                self.allocator.release(spec.run_id)
-            raise
-
-    def _launch_on_devices(self, spec: RunSpec) -> None:
-        self.emit(RunScheduled(spec.run_id, devices_of(spec), time.time()))
-        taken = {r.master_port for r in self.runs.values()}
-        rank_set = self.standby.take(spec)
-        if rank_set is None:
-            rank_set = RankSet(self._fork_ranks(spec.world_size))
-        self._report_groups()  # before any user code runs, so a rank's children are covered
-        try:
-            run = RunSupervisor(
-                spec,
-                rank_set.ranks,
-                free_port(taken),
-                self.emit,
-                self.selector,
-                grouped=rank_set.grouped,
-            )
-        except OSError as exc:
-            self.standby.retire(rank_set)
-            raise StartFailed(
-                f"could not prepare the run's logs in {spec.paths.run_dir}: {exc.strerror or exc}"
-            ) from exc
-        except BaseException:
-            self.standby.retire(rank_set)
-            raise
-        self.runs[spec.run_id] = run
-        run.held = self._draining_on(spec)
-        run.start()
-
-    def _fork_ranks(self, count: int) -> list[RankProcess]:
-        """``count`` new ranks for a call, or none: a failed fork kills the ones already made."""
-        try:
-            return fork_set(("cpu", count), "rank", None, cuda_context=False).ranks
-        except OSError as exc:
-            self.standby.reap_within(1.0)  # their places are needed by the next call
-            raise StartFailed(
-                f"could not start {count} ranks: fork failed: {exc}{_limits(exc)}"
-            ) from exc
-
-    def _draining_on(self, spec: RunSpec) -> bool:
-        """Whether ranks of a finished run still exit on devices this call uses: its ranks
-        wait until they are gone (their memory is freed then)."""
-        devices = set(devices_of(spec))
-        return any(
-            run.finished
-            and not run.all_exited
-            and run.spec.device == spec.device
-            and devices & set(devices_of(run.spec))
-            for run in self.runs.values()
-        )
-
-    def _unhold(self) -> None:
-        for run in self.runs.values():
-            if run.held and not self._draining_on(run.spec):
-                run.unhold()
 
     # -- standby ranks -------------------------------------------------------------------------
 
@@ -330,7 +227,7 @@ class LauncherLoop:
         ranks' exit before its own start), and standby ranks are made for the next call."""
         run.devices_freed = True
         if self.running:
-            self._start_queued(run.spec.run_id)
+            self.admission.start_queued(run.spec.run_id)
         else:
             self.allocator.release(run.spec.run_id)
         self._refill_standby()
@@ -341,50 +238,21 @@ class LauncherLoop:
         run.close()
         del self.runs[run.spec.run_id]
         if not self.runs:
-            self._kill_adopted()
+            reaping.kill_adopted(self.runs.values(), self.standby)
         self._refill_standby()
 
     # -- shutdown ------------------------------------------------------------------------------
 
-    def _known_pids(self) -> set[int]:
-        """Ranks (of runs and standby) not reaped yet; any other child is an adopted orphan."""
-        pids = {pid for run in self.runs.values() for pid in run.unreaped_pids()}
-        return pids | self.standby.pids()
-
-    def _kill_adopted(self) -> None:
-        """End what ranks left behind outside their process groups (a daemon that called
-        setsid): with no call running, every child that is not a standby rank is a leftover."""
-        known = self._known_pids()
-        for child in psutil.Process().children():
-            if child.pid not in known:
-                with contextlib.suppress(psutil.Error, OSError):
-                    if os.getpgid(child.pid) == child.pid:
-                        os.killpg(child.pid, signal.SIGKILL)  # its session's members too
-                    child.kill()
-        reap_adopted(known)
-
     def _reap_all(self) -> None:
-        """Reap every rank that has exited (its pid stays reserved until then), then the
-        orphans it left to this subreaper (a killed rank's children)."""
-        for run in self.runs.values():
-            run.reap()
-        self.standby.reap()
-        reap_adopted(self._known_pids())
-
-    def all_pids(self) -> list[int]:
-        """Ranks not reaped yet: a reaped rank's pid (and group id) may belong to someone else."""
-        pids = [pid for run in self.runs.values() for pid in run.unreaped_pids()]
-        return pids + [r.pid for s in self.standby.sets.values() for r in s.ranks if r.alive()]
+        reaping.reap_all(self.runs.values(), self.standby)
 
     def shutdown(self) -> None:
         self.running = False  # also stops runs that end now from preparing new standby ranks
         self.emit(Exiting())  # new calls go to a fresh launcher from now on
         for run in self.runs.values():
-            run.cancel("the launcher is shutting down", force=True)
-        while self.allocator.queue:
-            self._end_queued(self.allocator.queue.popleft().run_id, "the launcher is shutting down")
-        pids = self.all_pids()
-        terminate_groups(pids, 1.0, reap=self._reap_all)
+            run.cancel(_SHUTTING_DOWN, force=True)
+        self.admission.end_all_queued(_SHUTTING_DOWN)
+        terminate_groups(reaping.live_pids(self.runs.values(), self.standby), 1.0, self._reap_all)
         reaped_by = time.monotonic() + _REAP_AT_EXIT_S
         for run in list(self.runs.values()):
             run.reap_by(reaped_by)
@@ -395,10 +263,10 @@ class LauncherLoop:
         reaped_by = time.monotonic() + _REAP_AT_EXIT_S
         for r in standby:
             r.reap_by(reaped_by)
-        self.standby = Standby()
-        self._kill_adopted()
+        self.admission.standby = Standby()
+        reaping.kill_adopted(self.runs.values(), self.standby)
         self.backlog_selector.close()
-        for folder in self.results_dirs:
+        for folder in self.admission.results_dirs:
             shutil.rmtree(folder, ignore_errors=True)
         self._report_groups()
         self._flush_to_caller(_FLUSH_AT_EXIT_S)
@@ -414,16 +282,6 @@ class LauncherLoop:
                 waiter.select(max(0.0, deadline - time.monotonic()))
 
 
-def _limits(exc: OSError) -> str:
-    """The limit a failed fork probably hit, in the user's words."""
-    if exc.errno != errno.EAGAIN:
-        return ""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
-    if soft == resource.RLIM_INFINITY:
-        return " (a process limit: a cgroup's pids.max or kernel.pid_max)"
-    return f" (ulimit -u is {soft})"
-
-
 def _preload(modules: set[str]) -> None:
     """Import optional modules once here instead of once per rank (mlflow costs seconds)."""
     for name in modules:
@@ -432,54 +290,3 @@ def _preload(modules: set[str]) -> None:
                 importlib.import_module(name)
             except ImportError:
                 pass
-
-
-def _watch_parent() -> int | None:
-    """A pidfd of the caller (our parent), readable once it has exited: unlike the parent-death
-    signal it does not depend on which of the caller's threads started us, and unlike EOF it
-    does not wait for a child the caller forked (holding a copy of our socket) to exit."""
-    parent = os.getppid()
-    try:
-        pidfd = os.pidfd_open(parent)
-    except (OSError, AttributeError):  # an old kernel: EOF and the death signal remain
-        return None
-    if os.getppid() != parent:  # the caller died before the pidfd was opened
-        os._exit(1)
-    return pidfd
-
-
-def main(argv: list[str]) -> int:
-    fd = int(argv[1])
-    set_title("launcher")
-    if "--pdeathsig" in argv:
-        # TERM, not KILL: the orderly shutdown below also deletes the runs' tmpfs results. The
-        # ranks die with this process whatever happens (their own parent-death signal is KILL).
-        die_with_parent(signal.SIGTERM)
-    caller_pidfd = _watch_parent()
-    become_subreaper()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller decides what an interrupt means
-    started: list[LauncherLoop] = []
-
-    def on_term(*_: object) -> None:
-        # Once serving, end the loop rather than raise: the caller's death brings both EOF and
-        # (through the parent-death signal) TERM, and an exception raised into the shutdown
-        # that EOF started would cut it short. Before that there is nothing to clean up.
-        if not started:
-            raise SystemExit(0)
-        started[0].running = False
-
-    signal.signal(signal.SIGTERM, on_term)
-    caller = Channel(socket.socket(fileno=fd))
-    # Preload what every rank needs, so that a forked rank starts with it already imported.
-    import cloudpickle  # noqa: F401
-    import torch  # noqa: F401
-
-    from serverless_gpu.rank import runtime  # noqa: F401
-
-    launcher = LauncherLoop(caller, caller_pidfd)
-    started.append(launcher)
-    try:
-        launcher.serve()
-    finally:
-        launcher.shutdown()
-    return 0

@@ -21,7 +21,6 @@ import contextlib
 import faulthandler
 import signal
 import threading
-from pathlib import Path
 from typing import IO
 
 from serverless_gpu.doctor import flight, stacks
@@ -44,9 +43,7 @@ def install(paths: RunPaths, rank: int) -> None:
         faulthandler.register(stacks.SIG_STACKS, file=f, all_threads=True, chain=False)
     except OSError:
         pass  # no stacks for this rank (a full disk); the run itself goes on
-    thread = threading.Thread(
-        target=_serve, args=(paths.flight_recorder(rank),), name="serverless-gpu-doctor"
-    )
+    thread = threading.Thread(target=_serve, args=(paths, rank), name="serverless-gpu-doctor")
     thread.daemon = True
     thread.start()
     ident = thread.ident or 0  # set once started
@@ -61,7 +58,7 @@ def _forward(doctor: int, sig: int) -> None:
         signal.pthread_kill(doctor, sig)
 
 
-def _serve(flight_file: Path) -> None:
+def _serve(paths: RunPaths, rank: int) -> None:
     while True:
         sig = signal.sigwait(stacks.DOCTOR_SIGNALS)
         if sig == stacks.SIG_STOP:
@@ -69,12 +66,12 @@ def _serve(flight_file: Path) -> None:
         elif sig == stacks.SIG_DUMP and not is_cpu_mode():
             # In its own thread: a dump may wait for a collective in progress (gloo's does),
             # and a stop request must still be taken meanwhile.
-            threading.Thread(target=_dump, args=(flight_file,), daemon=True).start()
+            threading.Thread(target=_dump, args=(paths, rank), daemon=True).start()
 
 
-def _dump(flight_file: Path) -> None:
+def _dump(paths: RunPaths, rank: int) -> None:
     try:
-        flight.dump(flight_file)
+        flight.dump(paths.flight_recorder(rank))
     except Exception as exc:  # a dump is a diagnosis aid; a failed one must not end the rank
         with contextlib.suppress(OSError):
-            flight_file.with_suffix(".error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+            paths.flight_recorder_error(rank).write_text(f"{type(exc).__name__}: {exc}\n")

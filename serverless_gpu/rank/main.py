@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import cloudpickle
 
-from serverless_gpu.common import sources
+from serverless_gpu.common import settings, sources
 from serverless_gpu.common.describe import describe_value
 from serverless_gpu.common.errors import (
     CONNECTION_LOST,
@@ -45,7 +45,6 @@ from serverless_gpu.runfiles.serialization import (
     load_payload,
     partial_path,
 )
-from serverless_gpu.wire.env import RANK_INIT_ENV
 from serverless_gpu.wire.protocol import (
     ErrorRecord,
     GroupReady,
@@ -233,7 +232,7 @@ def _note_cpu_mode(exc: Exception) -> None:
     say why, and what runs in both modes, on the exception itself (its type stays torch's)."""
     gpu_only = any(m in exception_message(exc) for m in _GPU_ONLY_FAILURES)
     if gpu_only and runtime.is_cpu_mode() and hasattr(exc, "add_note"):  # Python 3.11+
-        attempt(exc.add_note, CPU_MODE_NOTE)
+        best_effort(exc.add_note, CPU_MODE_NOTE)
 
 
 def error_record(
@@ -275,14 +274,14 @@ def _report_error(
     record = error_record(spec.rank, exc, kind, type_name, message)
     tb_text = record.traceback_text
     failure = describe_failure(kind, type_name, message)
-    attempt(dump_to_file, record, spec.run.paths.error(spec.rank))
+    best_effort(dump_to_file, record, spec.run.paths.error(spec.rank))
     summary = describe_exception(type_name, message) if kind == RAISED else failure
-    attempt(send, RankDone(ok=False, time=record.time, summary=summary, failure=failure))
-    attempt(sys.stderr.write, tb_text)
+    best_effort(send, RankDone(ok=False, time=record.time, summary=summary, failure=failure))
+    best_effort(sys.stderr.write, tb_text)
     return 1
 
 
-def attempt(action: Callable[..., Any], *args: Any) -> None:
+def best_effort(action: Callable[..., Any], *args: Any) -> None:
     """One step of reporting a failure; a step that fails must not stop the next one."""
     try:
         action(*args)
@@ -316,7 +315,7 @@ def _locked_sender(conn: Connection) -> Callable[[Any], None]:
 
 def _call_initializers() -> None:
     """Run the hooks' ``module:function`` initializers named in the rank's environment."""
-    for name in filter(None, os.environ.get(RANK_INIT_ENV, "").split(",")):
+    for name in filter(None, settings.RANK_INIT.read().split(",")):
         module, _, attr = name.partition(":")
         getattr(importlib.import_module(module), attr)()
 
@@ -325,7 +324,7 @@ def _exit_callbacks_quietly() -> None:
     try:
         runtime.run_exit_callbacks()
     except Exception:  # a failing flush must not hide the user's own result or error
-        attempt(traceback.print_exc)  # nor may stderr, if the function closed it
+        best_effort(traceback.print_exc)  # nor may stderr, if the function closed it
 
 
 def apply_thread_limit() -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from serverless_gpu.wire.env import DEVICE_ENV
+from serverless_gpu.common import settings
 
 if TYPE_CHECKING:
     import torch
@@ -98,7 +98,7 @@ def get_node_ip() -> str:
 
 
 def is_cpu_mode() -> bool:
-    return os.environ.get(DEVICE_ENV, "cuda") == "cpu"
+    return settings.DEVICE.read() == "cpu"
 
 
 def device() -> torch.device:

@@ -8,15 +8,14 @@ point: the next call of :func:`should_stop` or :func:`heartbeat` (put one betwee
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from serverless_gpu.common import settings
 from serverless_gpu.rank import runtime
 
-ATTEMPT_ENV = "SERVERLESS_GPU_ATTEMPT"
 HEARTBEAT_KIND = "serverless_gpu.heartbeat"
 _HEARTBEAT_EVERY_S = 1.0
 
@@ -71,7 +70,7 @@ def heartbeat() -> None:
 
 def attempt() -> int:
     """Which attempt of the call this is: 0 first, then 1, 2 ... with ``max_retries``."""
-    return int(os.environ.get(ATTEMPT_ENV, "0") or 0)
+    return settings.ATTEMPT.read()
 
 
 def _run_callbacks() -> None:

@@ -10,29 +10,23 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
+from serverless_gpu.common import settings
 from serverless_gpu.rank import runtime
 from serverless_gpu.tracking.errors import TrackingWarning
 from serverless_gpu.tracking.rank_buffer import RankBuffer
-from serverless_gpu.tracking.settings import (
-    ARTIFACT_URI_ENV,
-    FLUSH_INTERVAL_ENV,
-    MLFLOW_RUN_ID_ENV,
-    env_float,
-)
 
 
 def install() -> None:
     """Called by the worker in each rank before the user's function is loaded."""
-    run_id = os.environ.get(MLFLOW_RUN_ID_ENV)
-    if run_id is None:
-        return
-    buffer = RankBuffer(run_id, env_float(FLUSH_INTERVAL_ENV, 1.0), runtime.send_to_caller)
+    if not settings.MLFLOW_RUN_ID.present():
+        return  # an untracked call
+    run_id = settings.MLFLOW_RUN_ID.read()
+    buffer = RankBuffer(run_id, settings.MLFLOW_FLUSH_INTERVAL.read(), runtime.send_to_caller)
     runtime.on_rank_exit(buffer.close)
     if "mlflow" in sys.modules:
         _patch(buffer)
@@ -45,7 +39,7 @@ def _patch(buffer: RankBuffer) -> None:
 
     try:
         install_fast_logging(
-            buffer, os.environ.get(ARTIFACT_URI_ENV) or None, runtime.get_global_rank()
+            buffer, settings.MLFLOW_ARTIFACT_URI.read() or None, runtime.get_global_rank()
         )
     except Exception as exc:  # an MLflow we cannot patch still logs, through its slow path
         warnings.warn(

@@ -17,8 +17,8 @@ from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.common import settings
 from serverless_gpu.tracking import records
-from serverless_gpu.tracking.settings import ARTIFACT_URI_ENV, MLFLOW_RUN_ID_ENV
 
 
 @dataclass
@@ -142,6 +142,6 @@ def mlflow_env(run: MlflowRun) -> dict[str, str]:
         "MLFLOW_EXPERIMENT_NAME": run.experiment_name,
         # The launcher samples the machine once for all ranks; eight monitors would repeat it.
         "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
-        MLFLOW_RUN_ID_ENV: run.mlflow_run_id,
-        ARTIFACT_URI_ENV: run.artifact_uri,
+        settings.MLFLOW_RUN_ID.name: run.mlflow_run_id,
+        settings.MLFLOW_ARTIFACT_URI.name: run.artifact_uri,
     }

@@ -19,6 +19,7 @@ import mlflow
 from mlflow import MlflowClient
 
 from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.common import settings
 from serverless_gpu.tracking import private, records, store
 from serverless_gpu.tracking.deadline import call_with_deadline
 from serverless_gpu.tracking.errors import TrackingUnavailableError, TrackingWarning
@@ -26,15 +27,7 @@ from serverless_gpu.tracking.experiment import mark_training_experiment
 from serverless_gpu.tracking.outcome import mlflow_status, outcome_tags
 from serverless_gpu.tracking.reaper import end_orphaned_runs
 from serverless_gpu.tracking.run_setup import MlflowRun, mlflow_env, open_run
-from serverless_gpu.tracking.settings import (
-    LOG_UPLOAD_INTERVAL_ENV,
-    MESSAGE_KIND,
-    MLFLOW_RUN_ID_ENV,
-    RANK_INITIALIZER,
-    START_TIMEOUT_ENV,
-    UNSENT_FILE,
-    env_float,
-)
+from serverless_gpu.tracking.settings import MESSAGE_KIND, RANK_INITIALIZER
 from serverless_gpu.tracking.spill import Spill
 from serverless_gpu.tracking.writer import Writer
 from serverless_gpu.wire.events import Event, RankMessage, RunFinished, RunStarted, SystemMetrics
@@ -47,7 +40,7 @@ _open_lock = threading.Lock()
 def start_tracking(ctx: RunContext) -> RunTracker:
     """Open the call's MLflow run and prepare the ranks; never raises for a store problem."""
     uri = store_uri()
-    spill = Spill(ctx.run_dir / UNSENT_FILE)
+    spill = Spill(ctx.paths.unsent)
     ctx.rank_initializers.append(RANK_INITIALIZER)
     try:
         if not store.reachable(uri):
@@ -58,7 +51,7 @@ def start_tracking(ctx: RunContext) -> RunTracker:
             run = _open_bounded(ctx, client, uri)
     except Exception as exc:  # whatever the store raised, the training must still run
         # Ranks keep logging fast, into the run directory instead of a store that hangs them.
-        ctx.env[MLFLOW_RUN_ID_ENV] = ""
+        ctx.env[settings.MLFLOW_RUN_ID.name] = ""
         tracker = RunTracker(ctx, uri, None, None, spill)
         tracker.warn_untracked(exc, started=False)
         return tracker
@@ -72,7 +65,7 @@ def start_tracking(ctx: RunContext) -> RunTracker:
     if link is not None:
         ctx.links["mlflow"] = link
         ctx.metadata["mlflow_run_url"] = link
-    upload_every = env_float(LOG_UPLOAD_INTERVAL_ENV, 60.0)
+    upload_every = settings.MLFLOW_LOG_UPLOAD_INTERVAL.read()
     writer = Writer(client, run.mlflow_run_id, ctx.paths.logs, spill, upload_every, run.params)
     writer.private_artifacts = private.local_path(run.artifact_uri)
     writer.setup(records.run_params(ctx), records.run_tags(ctx))
@@ -87,7 +80,7 @@ def _open_bounded(ctx: RunContext, client: MlflowClient, uri: str) -> MlflowRun:
     parent = mlflow.active_run()
     if not store.is_http(uri):
         return open_run(ctx, client, uri, parent)
-    timeout = env_float(START_TIMEOUT_ENV, 10.0)
+    timeout = settings.MLFLOW_START_TIMEOUT.read()
     return call_with_deadline(
         partial(open_run, ctx, client, uri, parent),
         timeout,

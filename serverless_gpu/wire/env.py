@@ -5,11 +5,8 @@ from __future__ import annotations
 import os
 import socket
 
-DEVICE_ENV = "SERVERLESS_GPU_DEVICE"
-RUN_ID_ENV = "SERVERLESS_GPU_RUN_ID"
-RUN_DIR_ENV = "SERVERLESS_GPU_RUN_DIR"
-RANK_INIT_ENV = "SERVERLESS_GPU_RANK_INIT"
-METRICS_INTERVAL_ENV = "SERVERLESS_GPU_SYSTEM_METRICS_INTERVAL"
+from serverless_gpu.common import settings
+
 FLIGHT_RECORDER_ENV = "TORCH_FR_BUFFER_SIZE"
 FLIGHT_RECORDER_ENTRIES = "2000"
 MULTICAST_OFF = {
@@ -103,9 +100,9 @@ def rank_env(
         PYTHONUNBUFFERED="1",
         TORCH_NCCL_ASYNC_ERROR_HANDLING="1",
     )
-    env[DEVICE_ENV] = device
-    env[RUN_ID_ENV] = run_id
-    env[RUN_DIR_ENV] = run_dir
+    env[settings.DEVICE.name] = device
+    env[settings.RUN_ID.name] = run_id
+    env[settings.RUN_DIR.name] = run_dir
     # Without this, every rank starts one OpenMP thread per core and they oversubscribe the CPU.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
     multicast_off(env)

@@ -24,8 +24,8 @@ class RunStatus(str, enum.Enum):
 
     QUEUED = "queued"
     """Waiting for devices: other runs of this caller hold them (``allocation.py``)."""
-    PENDING = "pending"
-    """Its devices are allocated and its ranks are starting (shown as "starting")."""
+    STARTING = "starting"
+    """Its devices are allocated and its ranks are starting."""
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -34,7 +34,12 @@ class RunStatus(str, enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self not in (RunStatus.QUEUED, RunStatus.PENDING, RunStatus.RUNNING)
+        return self not in (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING)
+
+    @classmethod
+    def _missing_(cls, value: object) -> RunStatus | None:
+        # Records written before the status was named for what it shows said "pending".
+        return cls.STARTING if value == "pending" else None
 
 
 class RankState(str, enum.Enum):

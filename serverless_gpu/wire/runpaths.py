@@ -79,6 +79,11 @@ class RunPaths:
         return self.run_dir / "run.json"
 
     @property
+    def unsent(self) -> Path:
+        """What tracking could not write to MLflow, one JSON record per line (``spill.py``)."""
+        return self.run_dir / "mlflow_unsent.jsonl"
+
+    @property
     def stacks_dir(self) -> Path:
         """The ranks' stacks and flight-recorder dumps (``stacks.py``), kept for the user."""
         return self.run_dir / "stacks"
@@ -95,6 +100,10 @@ class RunPaths:
     def flight_recorder(self, rank: int) -> Path:
         """Rank ``rank``'s dump of the collectives' flight recorder (a pickle of torch's)."""
         return self.stacks_dir / f"flight_rank_{rank}.pkl"
+
+    def flight_recorder_error(self, rank: int) -> Path:
+        """Why rank ``rank``'s flight-recorder dump failed, when it did (one line of text)."""
+        return self.stacks_dir / f"flight_rank_{rank}.error.txt"
 
     def error(self, rank: int) -> Path:
         """Rank ``rank``'s ``ErrorRecord``, when it failed (kept for the user)."""

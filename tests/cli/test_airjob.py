@@ -152,6 +152,9 @@ def test_a_failing_command_is_retried_three_times_by_default_each_a_new_mlflow_r
     assert "the command failed with exit status 3" in done.stderr
     lines = (tmp_path / "attempts").read_text().splitlines()
     assert lines == ["attempt 0", "attempt 1", "attempt 2", "attempt 3"]
+    # The same numbers as runtime.attempt() reads them, 0 first
+    assert "attempt 0 failed; retry 1 of 3" in done.stderr, done.stderr
+    assert "attempt 2 failed; retry 3 of 3" in done.stderr
     experiment = client.get_experiment_by_name(cli_env)
     assert experiment is not None
     runs = client.search_runs([experiment.experiment_id])

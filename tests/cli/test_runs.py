@@ -7,8 +7,9 @@ from pathlib import Path
 
 from conftest import Cli
 
-from serverless_gpu.caller.runrecord import update_record
+from serverless_gpu.caller.runrecord import RunInfo, read_record, update_record
 from serverless_gpu.runfiles.rundirs import new_run_dir, release_run
+from serverless_gpu.wire.events import RunStatus
 
 DAMAGES = [
     '{"links": 5}',
@@ -47,3 +48,11 @@ def test_damaged_records_are_listed_as_unreadable_among_the_others(cli: Cli) -> 
         assert shown.returncode == 0, shown.stderr
         assert "status:    unreadable" in shown.stdout
         assert str(run_dir / "run.json") in shown.stdout
+
+
+def test_a_record_that_says_pending_reads_as_starting() -> None:
+    """Records written before ``RunStatus.STARTING`` was named so said ``pending``."""
+    run_id, run_dir = _run_dir("older", {"status": "pending"})
+    assert RunInfo(run_id, run_dir, read_record(run_dir)).status == "starting"
+    assert RunStatus("pending") is RunStatus.STARTING
+    assert not RunStatus("pending").finished

@@ -216,7 +216,7 @@ def test_sweep_trials_honour_max_retries(capsys: pytest.CaptureFixture[str]) -> 
         [("b", 1)],
         [("c", 1)],
     ]
-    assert capsys.readouterr().err.count("starting attempt 1 of 1") == 3
+    assert capsys.readouterr().err.count("starting attempt 1, retry 1 of 1") == 3
 
 
 def crash_first_attempt_if(tag: str, crash: bool) -> tuple[str, int]:
@@ -249,7 +249,7 @@ def test_map_handles_follow_a_retried_item_to_its_last_attempt(
     assert handles[1].status is RunStatus.SUCCEEDED and handles[1].done()
     assert seen == [RunStatus.FAILED, RunStatus.SUCCEEDED]  # a subscriber follows the retry
     err = capsys.readouterr().err
-    assert err.count("starting attempt 1 of 1") == 1, err
+    assert err.count("starting attempt 1, retry 1 of 1") == 1, err
 
 
 def test_without_max_retries_a_map_item_crash_is_its_error() -> None:

@@ -17,7 +17,13 @@ from serverless_gpu import (
 )
 from serverless_gpu import DistributedConfig as distributed_config
 from serverless_gpu.caller.hooks import RunContext, Subscriber, register_hook, unregister_hook
-from serverless_gpu.caller.retries import retryable
+from serverless_gpu.caller.retries import (
+    Call,
+    FailedAttempt,
+    attempts_note,
+    retryable,
+    say_retrying,
+)
 from serverless_gpu.wire.events import OutputLines
 
 pytestmark = pytest.mark.timeout(240)
@@ -31,7 +37,7 @@ def test_a_crash_is_retried_from_the_latest_checkpoint(
     assert list(result) == [{"attempt": 1, "start": 5, "step": 8}] * 2
     err = capsys.readouterr().err
     assert "attempt 0 failed (RankFailedError: rank 1 exited with code 1)" in err, err
-    assert "starting attempt 1 of 2" in err
+    assert "starting attempt 1, retry 1 of 2" in err
 
 
 def test_a_plain_exception_is_not_retried(tmp_path: Path) -> None:
@@ -109,3 +115,19 @@ def test_a_timeout_is_never_retried(tmp_path: Path) -> None:
     text = str(info.value)
     assert "rank 0: resets_signals (recovery_fns.py:" in text, text
     assert "rank 1: stacks unavailable: the rank has no handler for SIGRTMIN+4" in text, text
+
+
+def test_attempts_are_numbered_as_runtime_attempt_reads_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One meaning of "attempt": the n-th run of one call, 0 first; attempt N > 0 is retry N."""
+    failed = [FailedAttempt(0, "RankFailedError: x", None), FailedAttempt(1, "ValueError: y", None)]
+    say_retrying(failed[0], Call(max_retries=2, attempt=1))
+    err = capsys.readouterr().err
+    assert "attempt 0 failed (RankFailedError: x); starting attempt 1, retry 1 of 2" in err, err
+    note = attempts_note(failed)
+    assert note.splitlines() == [
+        "the call was attempted 2 times:",
+        "  attempt 0: RankFailedError: x",
+        "  attempt 1: ValueError: y",
+    ]

@@ -3,6 +3,7 @@ decorator fields when the decorator is applied."""
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from pathlib import Path
@@ -72,18 +73,61 @@ def test_good_environment_values_are_used(monkeypatch: pytest.MonkeyPatch) -> No
         rank.distributed(b"x" * 2**20)
 
 
-def test_every_variable_the_package_reads_is_registered() -> None:
-    """A new SERVERLESS_GPU_* variable must be added to settings.py, where start() checks it."""
-    package = Path(settings.__file__).parents[1]  # serverless_gpu/
-    roots = [package, package.parent / "jupyter_ext"]
-    named = {
-        name
-        for root in roots
-        for path in root.rglob("*.py")
-        for name in re.findall(r"SERVERLESS_GPU_[A-Z_]+[A-Z]", path.read_text())
+_NAME = re.compile(r"SERVERLESS_GPU_[A-Z_]+[A-Z]")
+_PACKAGE = Path(settings.__file__).parents[1]  # serverless_gpu/
+_SOURCES = [
+    path
+    for root in (_PACKAGE, _PACKAGE.parent / "jupyter_ext")
+    for path in sorted(root.rglob("*.py"))
+]
+
+
+def _names_in_code(path: Path) -> set[str]:
+    """The SERVERLESS_GPU_* names in ``path``'s string literals; docstrings may mention them
+    (they speak to the user), code must take them from settings."""
+    tree = ast.parse(path.read_text())
+    docs = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
     }
-    known = {var.name for var in settings.USER_SETTINGS} | set(settings.INTERNAL)
+    return {
+        name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+        for name in _NAME.findall(node.value)
+    }
+
+
+def test_every_variable_the_package_mentions_is_registered() -> None:
+    """A new SERVERLESS_GPU_* variable must be added to settings.py, where start() checks it."""
+    named = {name for path in _SOURCES for name in _NAME.findall(path.read_text())}
+    known = {var.name for var in settings.USER_SETTINGS + settings.INTERNAL}
     assert named - known == set()
+
+
+def test_variable_names_are_spelled_only_in_settings() -> None:
+    """Every reader and writer takes the name from its settings object (``settings.X.name``,
+    ``settings.X.read()``): no second spelling, and no private parser of the value."""
+    spelled = {
+        str(path.relative_to(_PACKAGE.parent)): sorted(names)
+        for path in _SOURCES
+        if path != Path(settings.__file__) and (names := _names_in_code(path))
+    }
+    assert spelled == {}
+    by_name = re.compile(r"\.get\(\s*(settings\.)?[A-Z_]+\.name\b|getenv\(")
+    parsed = [str(path) for path in _SOURCES if by_name.search(path.read_text())]
+    assert parsed == [], "read the value with settings.X.read(environ), not by its name"
+
+
+def test_internal_variables_read_as_their_writers_wrote_them() -> None:
+    environ = {settings.ATTEMPT.name: "2", settings.DEVICE.name: "cpu"}
+    assert settings.ATTEMPT.read(environ) == 2
+    assert settings.ATTEMPT.read({}) == 0
+    assert settings.DEVICE.read(environ) == "cpu"
+    assert settings.DEVICE.read({}) == "cuda"
+    assert not settings.MLFLOW_RUN_ID.present({})
+    assert settings.MLFLOW_RUN_ID.present({settings.MLFLOW_RUN_ID.name: ""})
 
 
 def test_empty_values_mean_the_default() -> None:

@@ -94,7 +94,7 @@ def test_a_call_does_not_wait_on_the_store(fast: FastLogging) -> None:
 def test_rank_initializer_patches_mlflow_when_it_is_imported() -> None:
     script = (
         "import sys\n"
-        "from serverless_gpu import runtime\n"
+        "from serverless_gpu.rank import runtime\n"
         "from serverless_gpu.tracking import rank\n"
         "sent = []\n"
         "runtime.connect(lambda kind, data: sent.append(data))\n"

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from serverless_gpu.common import settings
 from serverless_gpu.common.errors import DistributedError
 
 _SLICE_S = 0.1
@@ -127,7 +128,7 @@ def _not_enough(asked: list[dict[str, float]], timeout: float) -> str:
         f"({_fmt(need)} in all) within {timeout:g} s: it has {_fmt(_pick(total, need))} "
         f"({_fmt(_pick(free, need))} free now) on {len(per_node)} node(s): "
         + "; ".join(_fmt(n) for n in per_node)
-        + ". Ask for fewer ranks, add nodes, or raise SERVERLESS_GPU_RAY_RESERVE_TIMEOUT."
+        + f". Ask for fewer ranks, add nodes, or raise {settings.RAY_RESERVE_TIMEOUT.name}."
     )
 
 

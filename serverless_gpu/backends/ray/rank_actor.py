@@ -74,7 +74,7 @@ class OutputCapture:
     def drained(self) -> None:
         """Wait (briefly) until what was written so far has been read."""
         for stream in (sys.stdout, sys.stderr):
-            worker.attempt(stream.flush)
+            worker.best_effort(stream.flush)
         deadline = time.monotonic() + _DRAIN_S
         while time.monotonic() < deadline and any(_pending(fd) for fd, _ in self._readers):
             time.sleep(0.01)
@@ -153,7 +153,7 @@ class RankActor:
 
     def _error(self, exc: BaseException, kind: str, type_name: str, message: str) -> Any:
         record = worker.error_record(self.rank, exc, kind, type_name, message)
-        worker.attempt(sys.stderr.write, record.traceback_text)
+        worker.best_effort(sys.stderr.write, record.traceback_text)
         return ("error", record, describe_exception(type_name, message))
 
     # -- events to the caller -----------------------------------------------------------------
@@ -164,7 +164,7 @@ class RankActor:
     def _flush_loop(self) -> None:
         while True:
             time.sleep(_FLUSH_S)
-            worker.attempt(self._flush, False)
+            worker.best_effort(self._flush, False)
 
     def _flush(self, wait: bool) -> None:
         import ray
