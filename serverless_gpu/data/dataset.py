@@ -189,7 +189,7 @@ class VolumeDataset(IterableDataset[T]):
 
         def fetch(index: int) -> CachePin:
             file = self.files[index]
-            return cache.acquire(file.relpath, file.size, partial(self._copy, file.relpath))
+            return cache.acquire(file.relpath, file.size, partial(self._copy, file))
 
         try:
             for pin in prefetched(indices, fetch, depth=self.prefetch, release=CachePin.close):
@@ -206,8 +206,10 @@ class VolumeDataset(IterableDataset[T]):
             for pin in recent:
                 pin.close()
 
-    def _copy(self, relpath: str, out: BinaryIO) -> None:
-        copy_file(self.url, relpath, out, storage_options=self.storage_options)
+    def _copy(self, file: VolumeFile, out: BinaryIO) -> None:
+        copy_file(
+            self.url, file.relpath, out, storage_options=self.storage_options, max_bytes=file.size
+        )
 
     def _rank_share(self) -> list[int]:
         rank, world_size = self._topology
