@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.utils.data import DataLoader
 
-from serverless_gpu.data.dataset import VolumeDataset
 from serverless_gpu.data.sharding import epoch_seed
 
+if TYPE_CHECKING:
+    # VolumeDataset.loader() makes this loader: a runtime import would be a cycle.
+    from serverless_gpu.data.dataset import VolumeDataset
+
 __all__ = ["VolumeDataLoader"]
+
+_HOOKS = ("_begin_iteration", "_count_batch", "_mark_tracked")
+"""What a VolumeDataset offers its loader (the test of being one, without importing it)."""
 
 
 class VolumeDataLoader(DataLoader[Any]):
@@ -27,7 +33,7 @@ class VolumeDataLoader(DataLoader[Any]):
     """
 
     def __init__(self, dataset: VolumeDataset[Any], **kwargs: Any) -> None:
-        if not isinstance(dataset, VolumeDataset):
+        if not all(hasattr(dataset, hook) for hook in _HOOKS):
             raise TypeError(f"VolumeDataLoader needs a VolumeDataset, got {type(dataset).__name__}")
         for name, allowed in (("persistent_workers", False), ("in_order", True)):
             if kwargs.get(name, allowed) != allowed:
@@ -44,8 +50,7 @@ class VolumeDataLoader(DataLoader[Any]):
         dataset._mark_tracked()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        dataset = self.dataset
-        assert isinstance(dataset, VolumeDataset)
+        dataset = cast("VolumeDataset[Any]", self.dataset)
         dataset._begin_iteration(
             batch_size=self.batch_size, drop_last=self.drop_last, num_workers=self.num_workers
         )
