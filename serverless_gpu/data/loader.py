@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.utils.data import DataLoader
 
+from serverless_gpu.data.batch_timing import timed
 from serverless_gpu.data.sharding import epoch_seed
 
 if TYPE_CHECKING:
@@ -29,7 +31,8 @@ class VolumeDataLoader(DataLoader[Any]):
     ``generator`` is passed. Options that would make the delivery order non-deterministic or
     keep stale dataset copies in workers (``persistent_workers=True``, ``in_order=False``, a
     ``sampler``) are refused.
-    One iterator at a time per loader.
+    One iterator at a time per loader. Batch timing goes to the call's MLflow run as
+    :class:`~serverless_gpu.data.DataLoader`'s does.
     """
 
     def __init__(self, dataset: VolumeDataset[Any], **kwargs: Any) -> None:
@@ -47,6 +50,8 @@ class VolumeDataLoader(DataLoader[Any]):
         if self._owns_generator:
             kwargs["generator"] = torch.Generator()
         super().__init__(dataset, **kwargs)
+        self._batches = 0
+        """Batches delivered over this loader's life: the step of its timing metrics."""
         dataset._mark_tracked()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
@@ -61,9 +66,11 @@ class VolumeDataLoader(DataLoader[Any]):
     def _counted(self, dataset: VolumeDataset[Any]) -> Iterator[Any]:
         batches = super().__iter__()
         try:
-            for batch in batches:
-                dataset._count_batch()
-                yield batch
+            with closing(timed(batches, lambda: self._batches)) as delivered:
+                for batch in delivered:
+                    self._batches += 1
+                    dataset._count_batch()
+                    yield batch
         finally:
             # An exception's traceback keeps the DataLoader iterator (and so its worker
             # processes) alive; stop the workers now rather than whenever it is collected.
