@@ -19,6 +19,7 @@ from typing import BinaryIO
 import pytest
 
 from serverless_gpu.data import CacheFullError, LocalCache, VolumeDataset, VolumeReadError
+from serverless_gpu.data import dataset as dataset_module
 
 MiB = 1 << 20
 
@@ -218,3 +219,17 @@ def test_a_file_grown_past_its_listing_never_fills_the_cache_disk(
     assert seen_free and min(seen_free) >= floor
     assert free(cache_disk) >= floor
     assert not [p for p in cache_disk.rglob("*b.bin*")], "a partial copy was left behind"
+
+
+def test_a_dataset_never_reads_files_cached_before_a_reboot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cached files are published without fsync: after a crash, one may hold zeros."""
+    volume = tmp_path / "vol"
+    volume.mkdir()
+    (volume / "a.bin").write_bytes(b"a" * 1024)
+    before: list[str] = list(VolumeDataset(volume, tmp_path / "cache", min_free_bytes=0))
+    monkeypatch.setattr(dataset_module, "boot_id", lambda: "the next boot")
+    after: list[str] = list(VolumeDataset(volume, tmp_path / "cache", min_free_bytes=0))
+    assert Path(before[0]).parent != Path(after[0]).parent
+    assert Path(after[0]).read_bytes() == b"a" * 1024
