@@ -24,7 +24,7 @@ from .formatting import (
     stopped_at,
     summary_rows,
 )
-from .metrics import key_metric, metrics_text
+from .metrics import data_wait_text, key_metric, metrics_text
 from .runstate import RankView, RunView
 
 _GREY, _BLUE, _GREEN, _RED, _ORANGE = "#6e7781", "#1f6feb", "#1a7f37", "#cf222e", "#bc4c00"
@@ -112,6 +112,9 @@ def header_html(
     metrics = metrics_text(view.metrics)
     if metrics:
         second.append(f'<span class="sgpu-metrics">{html.escape(metrics)}</span>{sparkline(view)}')
+    waiting = data_wait_text(view.metrics)
+    if waiting:
+        second.append(f'<span class="sgpu-data-wait">{html.escape(waiting)}</span>')
     progress = view.progress_line()
     if progress and not view.done:
         second.append(f'<span class="sgpu-progress">progress: {html.escape(progress)}</span>')

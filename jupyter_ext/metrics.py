@@ -10,6 +10,9 @@ from serverless_gpu.tracking import LatestMetrics
 
 SHOWN = 4
 """Keys shown at most: loss-like keys first, then in the order they were first logged."""
+DATA_BOUND = 0.2
+"""From this mean share of time the ranks wait for their next batch, the header says the run
+is data-bound."""
 
 
 def _ordered(latest: LatestMetrics) -> list[str]:
@@ -31,3 +34,13 @@ def metrics_text(latest: LatestMetrics) -> str:
     step = max(step for _value, step in values.values())
     shown = [f"{key} {values[key][0]:.4g}" for key in keys]
     return " \u00b7 ".join(([f"step {step}"] if step else []) + shown)
+
+
+def data_wait_text(latest: LatestMetrics) -> str:
+    """``waiting on data 38 % of the last minute, rank 1 slowest``; empty while the ranks'
+    loaders wait less than :data:`DATA_BOUND` of the time (or log nothing)."""
+    wait = latest.data_wait()
+    if wait is None or wait.share < DATA_BOUND:
+        return ""
+    text = f"waiting on data {wait.share:.0%} of the last minute".replace("%", " %")
+    return text + (f", rank {wait.slowest} slowest" if wait.ranks > 1 else "")

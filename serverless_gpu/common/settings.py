@@ -198,6 +198,18 @@ CACHE_DIR = Variable(
     _text,
     "Where volumes are cached (default ``~/.cache/serverless_gpu/volumes``).",
 )
+VOLUME_TIMEOUT = Variable(
+    "SERVERLESS_GPU_VOLUME_TIMEOUT",
+    20.0,
+    _seconds(zero_allowed=False),
+    "Seconds an object-store request of a volume may wait to connect or for the next bytes.",
+)
+VOLUME_TRIES = Variable(
+    "SERVERLESS_GPU_VOLUME_TRIES",
+    3,
+    _int_between(1, 20),
+    "Tries of an object-store request of a volume before its error reaches the loop.",
+)
 DISPLAY = Variable(
     "SERVERLESS_GPU_DISPLAY",
     "auto",
@@ -237,6 +249,8 @@ USER_SETTINGS: tuple[Variable[Any], ...] = (
     MLFLOW_LOG_UPLOAD_INTERVAL,
     MLFLOW_START_TIMEOUT,
     CACHE_DIR,
+    VOLUME_TIMEOUT,
+    VOLUME_TRIES,
     DISPLAY,
     WIDGET_LINES,
     RAY_RESERVE_TIMEOUT,

@@ -26,7 +26,7 @@ from typing import BinaryIO
 from serverless_gpu.common import settings
 from serverless_gpu.data.errors import CacheFullError, VolumeReadError
 
-__all__ = ["CachePin", "LocalCache", "default_cache_dir"]
+__all__ = ["CachePin", "LocalCache", "boot_id", "default_cache_dir"]
 
 _LOCKS = ".locks"
 _TRIES = 5
@@ -66,11 +66,21 @@ class LocalCache:
     """
 
     def __init__(
-        self, cache_dir: str | os.PathLike[str], *, namespace: str = "", min_free_bytes: int = 0
+        self,
+        cache_dir: str | os.PathLike[str],
+        *,
+        namespace: str = "",
+        min_free_bytes: int = 0,
+        durable: bool = True,
     ) -> None:
         self.root = Path(cache_dir)
         self.namespace = namespace
         self.min_free_bytes = int(min_free_bytes)
+        self.durable = durable
+        """Whether a download is fsynced before it is published. Without, a kernel crash or
+        power loss may leave a published file's blocks unwritten: zeros of the right size,
+        since the temp file was preallocated. A caller that turns it off must not trust files
+        from an earlier boot (VolumeDataset's namespace includes :func:`boot_id`)."""
         (self.root / _LOCKS).mkdir(parents=True, exist_ok=True)
 
     def acquire(self, relpath: str, size: int, download: Callable[[BinaryIO], None]) -> CachePin:
@@ -155,7 +165,8 @@ class LocalCache:
                 download(out)
                 out.truncate()
                 out.flush()
-                os.fsync(out.fileno())
+                if self.durable:
+                    os.fsync(out.fileno())
                 written = out.tell()
             if written != size:
                 raise VolumeReadError(
@@ -203,6 +214,14 @@ class LocalCache:
                     continue
         found.sort(key=lambda item: item[0])
         return [path for _, path in found]
+
+
+def boot_id() -> str:
+    """This boot of the machine (Linux's random boot id), or ``""`` where there is none."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _unlock_and_close(fd: int) -> None:

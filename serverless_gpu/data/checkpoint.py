@@ -33,10 +33,11 @@ from fsspec.core import url_to_fs
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _TorchFsspecFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan
+from torch.futures import Future
 
 from serverless_gpu.data._fs import is_local
-from serverless_gpu.data.errors import IncompleteCheckpointError
+from serverless_gpu.data.errors import IncompleteCheckpointError, VolumeReadError
 
 __all__ = ["METADATA", "UCVolumeReader", "UCVolumeWriter", "VolumeReader", "VolumeWriter"]
 
@@ -184,7 +185,8 @@ class VolumeReader(FsspecReader):
     ) -> None:
         options = dict(storage_options or {})
         super().__init__(path, **options)
-        self.fs = _StagedFileSystem(options, None)  # type: ignore[assignment]
+        self._staged = _StagedFileSystem(options, None)
+        self.fs = self._staged  # type: ignore[assignment]
         self.path = self.fs.init_path(path)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -196,6 +198,35 @@ class VolumeReader(FsspecReader):
                 "(a save was interrupted) or does not exist"
             )
         return super().read_metadata(*args, **kwargs)
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read this rank's items, after checking that their shards are whole."""
+        self._check_shards(plan)
+        return super().read_data(plan, planner)
+
+    def _check_shards(self, plan: LoadPlan) -> None:
+        """A shard shorter than ``.metadata`` says (a copy cut short, a full disk) is an error
+        naming it, not an unpickling error from inside torch partway through the load."""
+        needed: dict[str, int] = {}
+        for item in plan.items:
+            info = self.storage_data[item.storage_index]
+            end = info.offset + info.length
+            needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+        fs = self._staged.fs
+        assert fs is not None  # set by init_path
+        for relpath, end in sorted(needed.items()):
+            shard = os.fspath(self.fs.concat_path(self.path, relpath))
+            try:
+                size: int | None = fs.size(shard)
+            except FileNotFoundError:
+                size = None
+            if size is None or size < end:
+                found = "missing" if size is None else f"{size} bytes"
+                raise VolumeReadError(
+                    f"checkpoint shard {shard} is {found}, and the checkpoint's {METADATA} "
+                    f"needs {end}: it was cut short after the save; restore it from a copy, "
+                    "or load an earlier checkpoint"
+                )
 
 
 UCVolumeWriter = VolumeWriter

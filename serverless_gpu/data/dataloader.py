@@ -1,39 +1,24 @@
 """``DataLoader``: torch's ``DataLoader`` with worker processes by default, kept across epochs,
 a resumable position for :class:`~serverless_gpu.data.Checkpointable` datasets, and each
-rank's batch timing logged to the call's MLflow run.
-
-Metrics (window means every :data:`LOG_INTERVAL_S` seconds and at the end of an iteration,
-at the loader's batch count as step; rank N's under ``rank_N/`` like every metric a rank logs):
-
-- ``dataloader/fetch_seconds``: time the training loop waited inside ``next()`` for a batch;
-- ``dataloader/between_next_seconds``: time between two ``next()`` calls, the loop's own work;
-- ``..._variance`` of each: the population variance over the same window.
+rank's batch timing logged to the call's MLflow run (:mod:`serverless_gpu.data.batch_timing`).
 """
 
 from __future__ import annotations
 
 import os
-import statistics
-import sys
-import time
-import warnings
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import Any, NamedTuple
 
 import torch.utils.data
 from torch.utils.data import get_worker_info
 
-from serverless_gpu.common import settings
+from serverless_gpu.data.batch_timing import LOG_INTERVAL_S, METRICS, timed
 from serverless_gpu.data.checkpointable import Checkpointable
 from serverless_gpu.rank import runtime
 
 __all__ = ["LOG_INTERVAL_S", "METRICS", "DataLoader"]
 
-LOG_INTERVAL_S = 10.0
-FETCH = "dataloader/fetch_seconds"
-BETWEEN = "dataloader/between_next_seconds"
-METRICS = (FETCH, f"{FETCH}_variance", BETWEEN, f"{BETWEEN}_variance")
-"""The names the loader logs."""
 STATE_VERSION = 1
 _MAX_DEFAULT_WORKERS = 8
 _DEFAULT_PREFETCH = 4
@@ -176,24 +161,14 @@ class DataLoader(torch.utils.data.DataLoader[Any]):
         return self._timed(batches)
 
     def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
-        times = _BatchTimes()
-        try:
-            while True:
-                asked = time.monotonic()
-                try:
-                    value = next(batches)
-                except StopIteration:
-                    return
-                times.add(asked, time.monotonic())
+        with closing(timed(batches, lambda: self._batches)) as delivered:
+            for value in delivered:
                 self._batches += 1
                 if isinstance(value, _Delivered):
                     if self._received is not None:
                         self._received[value.worker] = value.state
                     value = value.batch
-                times.log_if_due(self._batches)
                 yield value
-        finally:
-            times.log(self._batches)
 
     def _checkpointable(self, what: str) -> dict[int, Any]:
         if self._received is None:
@@ -221,49 +196,3 @@ def _same(name: str, saved: object, now: object) -> None:
             f"{name}={now!r}: a worker's position means something only on the same ranks and "
             f"workers; resume with {name}={saved!r}, or start the epoch again"
         )
-
-
-class _BatchTimes:
-    """Per-batch timings, logged as window means and variances."""
-
-    def __init__(self) -> None:
-        self.fetch: list[float] = []
-        self.between: list[float] = []
-        self._last_return: float | None = None
-        self._logged_at = time.monotonic()
-
-    def add(self, asked: float, returned: float) -> None:
-        self.fetch.append(returned - asked)
-        if self._last_return is not None:
-            self.between.append(asked - self._last_return)
-        self._last_return = returned
-
-    def log_if_due(self, step: int) -> None:
-        if time.monotonic() - self._logged_at >= LOG_INTERVAL_S:
-            self.log(step)
-
-    def log(self, step: int) -> None:
-        self._logged_at = time.monotonic()
-        metrics: dict[str, float] = {}
-        for name, values in ((FETCH, self.fetch), (BETWEEN, self.between)):
-            if values:
-                metrics[name] = statistics.fmean(values)
-                metrics[f"{name}_variance"] = statistics.pvariance(values)
-                values.clear()
-        if metrics:
-            _log_metrics(metrics, step)
-
-
-def _log_metrics(metrics: dict[str, float], step: int) -> None:
-    """Into the call's run in a tracked rank, else into this process's active run, else
-    nowhere. Timing never stops training: a failure is a warning."""
-    if not settings.MLFLOW_RUN_ID.present():
-        loaded = sys.modules.get("mlflow")
-        if loaded is None or loaded.active_run() is None:
-            return
-    try:
-        import mlflow
-
-        mlflow.log_metrics(metrics, step=step)
-    except Exception as exc:
-        warnings.warn(f"DataLoader timing was not logged: {exc!r}", stacklevel=2)

@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from serverless_gpu.data._fs import join, resolve
+from serverless_gpu.data._fs import join, request_bounds, resolve
 from serverless_gpu.data.errors import EmptyVolumeError, VolumeNotFoundError, VolumeReadError
 
 __all__ = ["VolumeFile", "copy_file", "list_volume"]
@@ -42,6 +42,11 @@ def list_volume(
         EmptyVolumeError: nothing matched.
         VolumeReadError: the listing itself failed (permissions, network).
     """
+    if not os.fspath(url).strip():
+        # fsspec reads "" as the working directory: a dataset of whatever is there.
+        raise VolumeNotFoundError(
+            f"the volume path is empty ({os.fspath(url)!r}); pass the directory or URL to read"
+        )
     fs, root = resolve(url, storage_options)
     try:
         fs.invalidate_cache(root)
@@ -56,8 +61,19 @@ def list_volume(
     except FileNotFoundError as exc:
         raise VolumeNotFoundError(f"volume {os.fspath(url)!r} does not exist") from exc
     except OSError as exc:
-        raise VolumeReadError(f"cannot list volume {os.fspath(url)!r}: {exc}") from exc
+        raise VolumeReadError(
+            f"cannot list volume {os.fspath(url)!r}: {exc}{_bounds_note(fs)}"
+        ) from exc
 
+    files = _files_of(entries, root, glob)
+    if not files:
+        detail = f" matching {glob!r}" if glob else ""
+        raise EmptyVolumeError(f"volume {os.fspath(url)!r} has no files{detail}")
+    files.sort(key=lambda f: f.relpath)
+    return files
+
+
+def _files_of(entries: dict[str, Any], root: str, glob: str | None) -> list[VolumeFile]:
     files = []
     prefix = root.rstrip("/") + "/"
     for name, info in entries.items():
@@ -69,10 +85,6 @@ def list_volume(
         if glob is not None and not fnmatch.fnmatchcase(relpath, glob):
             continue
         files.append(VolumeFile(relpath=relpath, size=int(info.get("size") or 0)))
-    if not files:
-        detail = f" matching {glob!r}" if glob else ""
-        raise EmptyVolumeError(f"volume {os.fspath(url)!r} has no files{detail}")
-    files.sort(key=lambda f: f.relpath)
     return files
 
 
@@ -82,12 +94,47 @@ def copy_file(
     out: BinaryIO,
     *,
     storage_options: dict[str, Any] | None = None,
+    max_bytes: int | None = None,
 ) -> None:
-    """Copy the volume file ``relpath`` into ``out``; failures become :class:`VolumeReadError`."""
+    """Copy the volume file ``relpath`` into ``out``; failures become :class:`VolumeReadError`.
+
+    With ``max_bytes``, a file longer than that is an error as soon as the copy passes it (a
+    file that grew after the listing must not fill the cache's disk).
+    """
     fs, root = resolve(url, storage_options)
     source = join(root, relpath)
     try:
         with fs.open(source, "rb") as src:
-            shutil.copyfileobj(src, out, _COPY_CHUNK)
+            _copy_at_most(src, out, max_bytes)
+    except _TooLong:
+        raise VolumeReadError(
+            f"{fs.unstrip_protocol(source)} is longer than the {max_bytes} bytes the volume "
+            "listed: the file changed after the dataset listed the volume; make the dataset "
+            "again to list it anew"
+        ) from None
     except OSError as exc:
-        raise VolumeReadError(f"cannot read {fs.unstrip_protocol(source)}: {exc}") from exc
+        raise VolumeReadError(
+            f"cannot read {fs.unstrip_protocol(source)}: {exc}{_bounds_note(fs)}"
+        ) from exc
+
+
+class _TooLong(Exception):
+    pass
+
+
+def _copy_at_most(src: BinaryIO, out: BinaryIO, max_bytes: int | None) -> None:
+    if max_bytes is None:
+        shutil.copyfileobj(src, out, _COPY_CHUNK)
+        return
+    left = max_bytes
+    while chunk := src.read(min(_COPY_CHUNK, left + 1)):
+        if len(chunk) > left:
+            raise _TooLong
+        out.write(chunk)
+        left -= len(chunk)
+
+
+def _bounds_note(fs: Any) -> str:
+    """For an object store: the request bounds the error came after."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return f" (after {request_bounds()})" if "s3" in protocols else ""

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from contextlib import closing
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.utils.data import DataLoader
 
-from serverless_gpu.data.dataset import VolumeDataset
+from serverless_gpu.data.batch_timing import timed
 from serverless_gpu.data.sharding import epoch_seed
 
+if TYPE_CHECKING:
+    # VolumeDataset.loader() makes this loader: a runtime import would be a cycle.
+    from serverless_gpu.data.dataset import VolumeDataset
+
 __all__ = ["VolumeDataLoader"]
+
+_HOOKS = ("_begin_iteration", "_count_batch", "_mark_tracked")
+"""What a VolumeDataset offers its loader (the test of being one, without importing it)."""
 
 
 class VolumeDataLoader(DataLoader[Any]):
@@ -23,11 +31,12 @@ class VolumeDataLoader(DataLoader[Any]):
     ``generator`` is passed. Options that would make the delivery order non-deterministic or
     keep stale dataset copies in workers (``persistent_workers=True``, ``in_order=False``, a
     ``sampler``) are refused.
-    One iterator at a time per loader.
+    One iterator at a time per loader. Batch timing goes to the call's MLflow run as
+    :class:`~serverless_gpu.data.DataLoader`'s does.
     """
 
     def __init__(self, dataset: VolumeDataset[Any], **kwargs: Any) -> None:
-        if not isinstance(dataset, VolumeDataset):
+        if not all(hasattr(dataset, hook) for hook in _HOOKS):
             raise TypeError(f"VolumeDataLoader needs a VolumeDataset, got {type(dataset).__name__}")
         for name, allowed in (("persistent_workers", False), ("in_order", True)):
             if kwargs.get(name, allowed) != allowed:
@@ -41,11 +50,12 @@ class VolumeDataLoader(DataLoader[Any]):
         if self._owns_generator:
             kwargs["generator"] = torch.Generator()
         super().__init__(dataset, **kwargs)
+        self._batches = 0
+        """Batches delivered over this loader's life: the step of its timing metrics."""
         dataset._mark_tracked()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        dataset = self.dataset
-        assert isinstance(dataset, VolumeDataset)
+        dataset = cast("VolumeDataset[Any]", self.dataset)
         dataset._begin_iteration(
             batch_size=self.batch_size, drop_last=self.drop_last, num_workers=self.num_workers
         )
@@ -56,9 +66,11 @@ class VolumeDataLoader(DataLoader[Any]):
     def _counted(self, dataset: VolumeDataset[Any]) -> Iterator[Any]:
         batches = super().__iter__()
         try:
-            for batch in batches:
-                dataset._count_batch()
-                yield batch
+            with closing(timed(batches, lambda: self._batches)) as delivered:
+                for batch in delivered:
+                    self._batches += 1
+                    dataset._count_batch()
+                    yield batch
         finally:
             # An exception's traceback keeps the DataLoader iterator (and so its worker
             # processes) alive; stop the workers now rather than whenever it is collected.

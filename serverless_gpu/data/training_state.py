@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -21,7 +22,11 @@ from torch.distributed.checkpoint.state_dict import (
 from serverless_gpu.data.checkpoint import VolumeReader, VolumeWriter
 from serverless_gpu.data.dataset import VolumeDataset
 from serverless_gpu.data.discovery import is_complete
-from serverless_gpu.data.errors import CheckpointMismatchError, IncompleteCheckpointError
+from serverless_gpu.data.errors import (
+    CheckpointMismatchError,
+    IncompleteCheckpointError,
+    VolumeError,
+)
 from serverless_gpu.data.rng import capture_rng, restore_rng
 
 __all__ = ["TrainingState", "load_training_state", "save_training_state"]
@@ -114,7 +119,7 @@ def load_training_state(
     state: dict[str, Any] = {"model": model_sd, "trainer": b""}
     if optim_sd is not None:
         state["optim"] = optim_sd
-    dcp.load(state, storage_reader=VolumeReader(path, storage_options=storage_options))
+    _load(state, path, storage_options)
     if optimizer is None:
         set_model_state_dict(model, state["model"])
     else:
@@ -124,6 +129,21 @@ def load_training_state(
     trainer = pickle.loads(state["trainer"])
     _restore_rank_state(trainer, dataset=dataset, restore_rng_state=restore_rng_state)
     return TrainingState(path=os.fspath(path), step=trainer["step"], extra=trainer["extra"])
+
+
+def _load(
+    state: dict[str, Any], path: str | os.PathLike[str], storage_options: dict[str, Any] | None
+) -> None:
+    """``dcp.load``, with a volume's own error (a truncated shard, say) raised as itself:
+    torch wraps every rank's failure in one ``CheckpointException``."""
+    try:
+        dcp.load(state, storage_reader=VolumeReader(path, storage_options=storage_options))
+    except CheckpointException as exc:
+        for failure in exc.failures.values():
+            cause = failure[0] if isinstance(failure, tuple) else failure
+            if isinstance(cause, VolumeError):
+                raise cause from exc
+        raise
 
 
 def _restore_rank_state(

@@ -75,3 +75,29 @@ def test_scripts_quick_cpu(tmp_path: Path) -> None:
             assert fragment in out, f"{script}: {fragment!r} missing\n{out[-3000:]}"
         written = (tmp_path / f"{script}.md").read_text()
         assert "### Targets" in written
+
+
+def test_data_and_checkpoint_benchmarks_tiny(tmp_path: Path) -> None:
+    env = {**os.environ, "SERVERLESS_GPU_RUNS_DIR": str(tmp_path / "runs")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    runs = {
+        "data.py": (
+            ["--files", "64", "--workers", "0", "--workers", "2"],
+            ["| 256KiB | local | VolumeDataset | 2 |", "| 256KiB | s3 | file-list DataLoader |"],
+        ),
+        "checkpoint.py": (
+            ["--mib", "128", "--dir", str(tmp_path)],
+            ["| VolumeWriter / VolumeReader |", "| dd (1 process) |", "| yes |"],
+        ),
+    }
+    for script, (extra, expected) in runs.items():
+        out = tmp_path / f"{script}.md"
+        cmd = [sys.executable, str(REPO / "benchmarks" / script), *extra, "--out", str(out)]
+        done = subprocess.run(
+            cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        written = out.read_text()
+        assert "### Targets" in written, written
+        for fragment in expected:
+            assert fragment in written, f"{script}: {fragment!r} missing\n{written}"

@@ -18,7 +18,8 @@ from typing import BinaryIO
 
 import pytest
 
-from serverless_gpu.data import CacheFullError, LocalCache, VolumeDataset
+from serverless_gpu.data import CacheFullError, LocalCache, VolumeDataset, VolumeReadError
+from serverless_gpu.data import dataset as dataset_module
 
 MiB = 1 << 20
 
@@ -196,3 +197,39 @@ def test_a_process_forked_while_a_lock_is_held_does_not_keep_it(tmp_path: Path) 
         for child in children:
             child.kill()
             child.join()
+
+
+def test_a_file_grown_past_its_listing_never_fills_the_cache_disk(
+    cache_disk: Path, tmp_path: Path
+) -> None:
+    volume = tmp_path / "vol"
+    volume.mkdir()
+    (volume / "a.bin").write_bytes(b"a" * 1024)
+    (volume / "b.bin").write_bytes(b"b" * 1024)
+    floor = free(cache_disk) - 2 * MiB
+    dataset: VolumeDataset[str] = VolumeDataset(
+        volume, cache_disk, prefetch=0, min_free_bytes=floor
+    )
+    (volume / "b.bin").write_bytes(b"b" * (free(cache_disk) + 4 * MiB))  # more than the disk
+    seen_free: list[int] = []
+    with pytest.raises(VolumeReadError, match=r"b\.bin is longer than the 1024 bytes"):
+        for path in dataset:
+            seen_free.append(free(cache_disk))
+            assert Path(path).read_bytes() == b"a" * 1024
+    assert seen_free and min(seen_free) >= floor
+    assert free(cache_disk) >= floor
+    assert not [p for p in cache_disk.rglob("*b.bin*")], "a partial copy was left behind"
+
+
+def test_a_dataset_never_reads_files_cached_before_a_reboot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cached files are published without fsync: after a crash, one may hold zeros."""
+    volume = tmp_path / "vol"
+    volume.mkdir()
+    (volume / "a.bin").write_bytes(b"a" * 1024)
+    before: list[str] = list(VolumeDataset(volume, tmp_path / "cache", min_free_bytes=0))
+    monkeypatch.setattr(dataset_module, "boot_id", lambda: "the next boot")
+    after: list[str] = list(VolumeDataset(volume, tmp_path / "cache", min_free_bytes=0))
+    assert Path(before[0]).parent != Path(after[0]).parent
+    assert Path(after[0]).read_bytes() == b"a" * 1024

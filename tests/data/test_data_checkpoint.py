@@ -18,11 +18,13 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from data_support import Storage
+from torch.distributed.checkpoint.api import CheckpointException
 
 from serverless_gpu.data import (
     IncompleteCheckpointError,
     VolumeDataset,
     VolumeReader,
+    VolumeReadError,
     VolumeWriter,
     checkpoint_path,
     is_complete,
@@ -217,3 +219,27 @@ def test_a_save_killed_mid_way_leaves_no_partial_shard_after_the_next_save(
     loaded = {k: torch.zeros_like(v) for k, v in state(0).items()}
     dcp.load(loaded, storage_reader=VolumeReader(path, storage_options=storage.storage_options))
     assert all(torch.equal(loaded[k], v) for k, v in state(3).items())
+
+
+def cut_short(storage: Storage, checkpoint: str) -> None:
+    shard = f"{checkpoint}/__0_0.distcp"
+    data = storage.fs.cat_file(shard)
+    storage.fs.pipe_file(shard, data[: len(data) // 2])  # a copy cut short
+
+
+@pytest.mark.timeout(60)
+def test_a_truncated_shard_is_an_error_naming_it(storage: Storage) -> None:
+    opts = storage.storage_options
+    plain = storage.url("ckpt", "plain")
+    dcp.save(state(1), storage_writer=VolumeWriter(plain, storage_options=opts))
+    cut_short(storage, plain)
+    loaded = {k: torch.zeros_like(v) for k, v in state(0).items()}
+    # dcp.load wraps every rank's error in its own CheckpointException; the message is ours.
+    with pytest.raises(CheckpointException, match=r"__0_0\.distcp is \d+ bytes.*needs \d+"):
+        dcp.load(loaded, storage_reader=VolumeReader(plain, storage_options=opts))
+
+    trained = storage.url("ckpt", "step_000000001")
+    save_training_state(trained, model=torch.nn.Linear(64, 64), step=1, storage_options=opts)
+    cut_short(storage, trained)
+    with pytest.raises(VolumeReadError, match=r"__0_0\.distcp is \d+ bytes.*needs \d+"):
+        load_training_state(trained, model=torch.nn.Linear(64, 64), storage_options=opts)

@@ -4,11 +4,13 @@ local directory and the moto S3 server."""
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
-from data_support import Storage
+from data_support import FreezableProxy, Storage
 
 from serverless_gpu.data import (
     CheckpointMismatchError,
@@ -141,3 +143,57 @@ def test_no_batch_for_a_rank_is_an_error(storage: Storage, tmp_path: Path) -> No
     dataset = make(storage, tmp_path, rank=1, world_size=2, balance="drop")
     with pytest.raises(EmptyVolumeError):
         next(iter(dataset.loader(batch_size=1)))
+
+
+@pytest.mark.parametrize("path", ["", "  "])
+def test_an_empty_path_is_refused_not_read_as_the_working_directory(
+    path: str, tmp_path: Path
+) -> None:
+    with pytest.raises(VolumeNotFoundError, match="empty"):
+        VolumeDataset(path, tmp_path / "cache")
+
+
+@pytest.mark.timeout(90)
+def test_a_file_vanishing_mid_epoch_stops_the_loop_at_that_file(
+    storage: Storage, tmp_path: Path
+) -> None:
+    names = fill(storage, 40)
+    loader = make(storage, tmp_path, prefetch=2).loader(batch_size=1, num_workers=2)
+    batches = iter(loader)
+    received = [next(batches)[0]]
+    storage.fs.rm(storage.url("vol", names[-1]))  # the last file of worker 1, read last
+    with pytest.raises(VolumeReadError, match=names[-1]):
+        for batch in batches:
+            received.append(batch[0])
+    # Every file before it reached the loop: nothing skipped, only the vanished file missing.
+    assert sorted(os.path.basename(p) for p in received) == names[:-1]
+
+
+@pytest.mark.timeout(60)
+def test_an_s3_server_that_stops_answering_is_an_error_naming_the_file(
+    s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SERVERLESS_GPU_VOLUME_TIMEOUT", "1")
+    monkeypatch.setenv("SERVERLESS_GPU_VOLUME_TRIES", "2")
+    host, port = s3_endpoint.removeprefix("http://").split(":")
+    proxy = FreezableProxy((host, int(port)))
+    try:
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, endpoint_url=s3_endpoint)
+        bucket = f"frozen-{uuid.uuid4().hex[:12]}"
+        fs.mkdir(bucket)
+        for i in range(3):
+            fs.pipe_file(f"{bucket}/vol/item_{i}.bin", b"x" * 1000)
+        options = {"endpoint_url": proxy.endpoint}
+        url = f"s3://{bucket}/vol"
+        dataset: VolumeDataset[str] = VolumeDataset(
+            url, tmp_path / "cache", prefetch=0, storage_options=options
+        )
+        items = iter(dataset.loader(batch_size=1, num_workers=0))
+        next(items)
+        proxy.freeze()
+        with pytest.raises(VolumeReadError, match=r"item_1\.bin.*2 tries"):
+            next(items)
+        with pytest.raises(VolumeReadError, match=f"cannot list volume '{url}'"):
+            VolumeDataset(url, tmp_path / "cache", storage_options=options)
+    finally:
+        proxy.close()

@@ -13,7 +13,13 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from serverless_gpu.data import Checkpointable, DataLoader, UCVolumeDataset, VolumeDataset
+from serverless_gpu.data import (
+    Checkpointable,
+    DataLoader,
+    UCVolumeDataset,
+    VolumeDataLoader,
+    VolumeDataset,
+)
 
 
 class Numbers(IterableDataset[int]):
@@ -188,3 +194,8 @@ def test_uc_volume_dataset_reshuffles_every_epoch_in_persistent_workers(tmp_path
     epochs = [names(list(loader)) for _ in range(2)]
     assert all(sorted(e) == [f"f{i:02d}.txt" for i in range(16)] for e in epochs)
     assert epochs[0] != epochs[1]
+
+
+def test_volume_data_loader_refuses_another_dataset_naming_it() -> None:
+    with pytest.raises(TypeError, match="needs a VolumeDataset, got Numbers"):
+        VolumeDataLoader(Numbers(4))  # type: ignore[arg-type]

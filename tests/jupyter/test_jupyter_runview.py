@@ -9,7 +9,7 @@ import pytest
 from jupyter_ext import progress
 from jupyter_ext.formatting import rank_status, status_words, summary_rows
 from jupyter_ext.html_view import header_html, merged_lines_html, rank_status_html, record_html
-from jupyter_ext.metrics import metrics_text
+from jupyter_ext.metrics import data_wait_text, metrics_text
 from jupyter_ext.runstate import RunView
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.common.gpus import GPUType, Placement
@@ -168,3 +168,27 @@ def test_the_header_shows_rank_0s_latest_metrics(tmp_path: Path) -> None:
     assert metrics_text(view.metrics) in header_html(view)
     view.apply(RunFinished(RUN, RunStatus.SUCCEEDED, None, "", (), 9.0))
     assert metrics_text(view.metrics) in record_html(view)  # the record keeps them
+
+
+def _waits(rank: int, share: float, at_s: float) -> RankMessage:
+    key = "dataloader/wait_fraction" if rank == 0 else f"rank_{rank}/dataloader/wait_fraction"
+    batch = {"metrics": [(key, share, int(at_s * 1000), 10)], "params": [], "tags": []}
+    return RankMessage(RUN, rank, MESSAGE_KIND, batch, 3.0)
+
+
+def test_the_header_says_when_the_run_waits_on_data_and_which_rank_most(tmp_path: Path) -> None:
+    view = _view(tmp_path, ranks=3)
+    _start(view)
+    view.apply(_waits(0, 0.05, 100.0))
+    view.apply(_waits(1, 0.10, 100.0))
+    assert "waiting on data" not in header_html(view)  # below the data-bound share
+    view.apply(_waits(2, 0.99, 100.0))  # an old window: more than a minute before the newest
+    for rank, share in ((0, 0.2), (1, 0.74), (2, 0.2)):
+        view.apply(_waits(rank, share, 170.0))
+    assert data_wait_text(view.metrics) == "waiting on data 38 % of the last minute, rank 1 slowest"
+    assert data_wait_text(view.metrics) in header_html(view)
+
+    alone = _view(tmp_path, ranks=1)
+    _start(alone)
+    alone.apply(_waits(0, 0.5, 100.0))
+    assert data_wait_text(alone.metrics) == "waiting on data 50 % of the last minute"
