@@ -24,9 +24,9 @@ from typing import Any
 from serverless_gpu.caller.handle import RunHandle
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.caller.system_metrics import DEFAULT_INTERVAL_S, SystemSampler
-from serverless_gpu.common.errors import LauncherError, StorageError
+from serverless_gpu.common.errors import LauncherError, StorageError, exit_words
 from serverless_gpu.common.gpus import Placement
-from serverless_gpu.common.lifetime import kill_group, signal_name
+from serverless_gpu.common.lifetime import kill_group
 from serverless_gpu.runfiles.rundirs import (
     drop_launcher_log,
     launcher_log_path,
@@ -175,10 +175,9 @@ class _LauncherClient:
             code = self.proc.wait(_SHUTDOWN_WAIT_S)
         except subprocess.TimeoutExpired:
             return "closed its connection"
-        name = signal_name(code)
         if self.killed_because:
             return f"was killed because {self.killed_because}"
-        return f"was killed by {name}" if name else f"exited with code {code}"
+        return exit_words(code)
 
     def forget(self) -> None:
         """In a forked child of the caller: drop our copy of the socket, so that the launcher
