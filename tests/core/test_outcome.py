@@ -3,12 +3,14 @@ on the exception the caller gets, and one wording of each way a run ends."""
 
 from __future__ import annotations
 
+import io
 import signal
 from pathlib import Path
 
 import pytest
 
 import serverless_gpu
+from serverless_gpu.caller.console import ConsolePrinter
 from serverless_gpu.caller.results import failure_exception
 from serverless_gpu.common.errors import (
     DistributedTimeoutError,
@@ -144,6 +146,16 @@ def test_the_callers_exception_has_every_ranks_failure(tmp_path: Path) -> None:
     assert [(f.rank, f.log_path) for f in failures_of(err)] == [
         (1, paths.log(1)),
         (0, paths.log(0)),
+    ]
+
+
+def test_the_console_names_the_other_failures() -> None:
+    out = io.StringIO()
+    first, other = _raised(1, 1.0, "boom"), RankFailure.of_exit(0, 1.1, -signal.SIGKILL)
+    ConsolePrinter(stream=out)(RunFinished.rank_failed(RUN, (other, first), (), 2.0))
+    assert out.getvalue().splitlines() == [
+        "serverless_gpu: run failed after 0.0 s: rank 1 raised ValueError: boom",
+        "serverless_gpu: other failures: rank 0 was killed by SIGKILL",
     ]
 
 
