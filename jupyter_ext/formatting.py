@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from serverless_gpu.wire.events import RankState, RunStatus
+from serverless_gpu.wire.events import RunStatus
 
 from .ansi import strip_ansi
-from .runstate import RankView, RunView
+from .runstate import RankShown, RankView, RunView
 
 _FINAL_WORDS = {
     RunStatus.SUCCEEDED: "succeeded",
@@ -25,7 +25,7 @@ def seconds(value: float | None) -> str:
 def rank_counts(view: RunView) -> str:
     """``"1 running, 1 done"`` in lifecycle order."""
     counts = Counter(rank.state for rank in view.ranks)
-    return ", ".join(f"{counts[s]} {s}" for s in RankState if counts[s])
+    return ", ".join(f"{counts[s]} {s}" for s in RankShown if counts[s])
 
 
 def hardware_label(view: RunView) -> str:
@@ -48,7 +48,7 @@ def status_words(view: RunView) -> str:
 
 def rank_status(rank: RankView) -> str:
     """One line about a rank for the all-ranks view: its outcome, progress bar or last line."""
-    if rank.state in (RankState.STARTING, RankState.RUNNING):
+    if rank.state in (RankShown.STARTING, RankShown.RUNNING):
         where = rank.progress()
         shown = str(where) if where is not None else strip_ansi(rank.last_line()).strip()
     else:
@@ -66,7 +66,7 @@ def header_text(view: RunView, now: float | None = None) -> str:
 
 def rank_outcome(rank: RankView) -> str:
     """What a rank ended with: its result's type, or why it failed or was stopped."""
-    if rank.state is RankState.DONE:
+    if rank.state is RankShown.DONE:
         return rank.result or rank.detail or "returned"
     return " \u00b7 ".join(filter(None, (rank.detail, stopped_at(rank))))
 
@@ -75,7 +75,7 @@ def stopped_at(rank: RankView) -> str:
     """``cancelled at 15 % · 90/600``: how far a rank's progress bar got before it was stopped
     (empty for a rank without a bar, or one that is still running or returned)."""
     bar = rank.last_progress()
-    if bar is None or rank.state in (RankState.STARTING, RankState.RUNNING, RankState.DONE):
+    if bar is None or rank.state in (RankShown.STARTING, RankShown.RUNNING, RankShown.DONE):
         return ""
     return f"{rank.state} at {bar.percent} % \u00b7 {bar.count}"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 
 from serverless_gpu.tracking import store
-from serverless_gpu.wire.events import RankState, RunStatus
+from serverless_gpu.wire.events import RunStatus
 
 from . import progress, stacks_view
 from .ansi import ansi_to_html, strip_ansi
@@ -25,16 +25,16 @@ from .formatting import (
     summary_rows,
 )
 from .metrics import data_wait_text, key_metric, metrics_text
-from .runstate import RankView, RunView
+from .runstate import RankShown, RankView, RunView
 
 _GREY, _BLUE, _GREEN, _RED, _ORANGE = "#6e7781", "#1f6feb", "#1a7f37", "#cf222e", "#bc4c00"
 RANK_COLORS = {
-    RankState.STARTING: _GREY,
-    RankState.RUNNING: _BLUE,
-    RankState.DONE: _GREEN,
-    RankState.FAILED: _RED,
-    RankState.STOPPED: _ORANGE,
-    RankState.CANCELLED: _ORANGE,
+    RankShown.STARTING: _GREY,
+    RankShown.RUNNING: _BLUE,
+    RankShown.DONE: _GREEN,
+    RankShown.FAILED: _RED,
+    RankShown.STOPPED: _ORANGE,
+    RankShown.CANCELLED: _ORANGE,
 }
 STATE_COLORS = {
     **{state.value: color for state, color in RANK_COLORS.items()},

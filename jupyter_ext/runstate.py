@@ -7,6 +7,7 @@ rank prints.
 
 from __future__ import annotations
 
+import enum
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.common import settings
+from serverless_gpu.common.errors import exit_words
 from serverless_gpu.tracking import LatestMetrics
 from serverless_gpu.wire.events import (
     Event,
@@ -35,11 +37,34 @@ METRIC_POINTS = 200
 """Values of the key metric the header's sparkline draws at most (the newest)."""
 
 
+class RankShown(str, enum.Enum):
+    """A rank's state as the renderers show it: the launcher's ``RankState``, and
+    ``CANCELLED`` for a rank the library stopped because the user cancelled the run (the
+    launcher reports it as ``STOPPED``). In lifecycle order."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    CANCELLED = "cancelled"
+
+    @classmethod
+    def of(cls, state: RankState) -> RankShown:
+        return cls(state.value)
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 @dataclass
 class RankView:
     rank: int
     max_lines: int
-    state: RankState = RankState.STARTING
+    state: RankShown = RankShown.STARTING
     pid: int | None = None
     node: str = ""
     """Where the rank runs when that is not this machine (``node 1 (10.0.0.7)``, Ray)."""
@@ -118,7 +143,7 @@ class StacksTaken:
     """Which rank keeps the others waiting, where the stacks or the flight recorder say."""
 
 
-_INTERRUPTED = (RankState.STOPPED, RankState.STARTING, RankState.RUNNING)
+_INTERRUPTED = (RankShown.STOPPED, RankShown.STARTING, RankShown.RUNNING)
 """States the end of a run turns into its stop reason (unless the rank is the root cause)."""
 STARTING_PHASES = ("MLflow run", "launcher", "ranks")
 """What a run waits for before its ranks run, in order (the header says which)."""
@@ -190,7 +215,7 @@ class RunView:
 
     def _rank_started(self, event: RankStarted) -> None:
         rank = self.ranks[event.rank]
-        rank.state, rank.pid, rank.started = RankState.RUNNING, event.pid, event.time
+        rank.state, rank.pid, rank.started = RankShown.RUNNING, event.pid, event.time
         rank.node = event.node
         rank.version += 1
         self.status = RunStatus.RUNNING
@@ -198,16 +223,15 @@ class RunView:
     def _rank_finished(self, event: RankFinished) -> None:
         rank = self.ranks[event.rank]
         rank.finished = event.time
-        rank.state = event.state
+        rank.state = RankShown.of(event.state)
         if event.state is RankState.STOPPED:
             # The library stopped it (another rank failed, a timeout, a cancel), unless
             # RunFinished names this rank as the root cause; it says which.
             rank.detail = ""
-        else:
-            if event.summary:
-                rank.detail = _without_rank(event.rank, event.summary)
-            elif event.state is not RankState.DONE:
-                rank.detail = f"exited with code {event.exit_code}"
+        elif event.summary:
+            rank.detail = event.summary
+        elif event.state is not RankState.DONE and event.exit_code is not None:
+            rank.detail = exit_words(event.exit_code)
         rank.provisional.clear()
         rank.version += 1
 
@@ -215,13 +239,12 @@ class RunView:
         self.status = event.status
         self.finished = event.time
         self.message = event.message
-        root = event.root_cause_rank
-        self.root_cause_rank = root
+        self.root_cause_rank = event.root_cause_rank
+        failed = {f.rank: f for f in event.failures}
         for rank in self.ranks:
-            if rank.rank == root:
-                rank.state = RankState.FAILED
-                cause = getattr(event, "cause", "") or _without_rank(root, event.message)
-                rank.detail = _without_rank(root, cause) or rank.detail
+            failure = failed.get(rank.rank)
+            if failure is not None:  # the root cause, or a rank that failed after it
+                rank.state, rank.detail = RankShown.FAILED, failure.detail or rank.detail
             elif rank.state in _INTERRUPTED:
                 rank.state, rank.detail = self._stop_reason()
             rank.version += 1
@@ -235,18 +258,18 @@ class RunView:
         """The call raised before the run started; no event will come."""
         self.status, self.finished, self.message = RunStatus.FAILED, time.time(), message
         for rank in self.ranks:
-            rank.state, rank.detail = RankState.STOPPED, "the run did not start"
+            rank.state, rank.detail = RankShown.STOPPED, "the run did not start"
             rank.version += 1
 
-    def _stop_reason(self) -> tuple[RankState, str]:
+    def _stop_reason(self) -> tuple[RankShown, str]:
         """State and detail of a rank the library stopped, in the words of the run's end."""
         if self.status is RunStatus.CANCELLED:
-            return RankState.CANCELLED, ""
+            return RankShown.CANCELLED, ""
         if self.status is RunStatus.TIMED_OUT:
-            return RankState.STOPPED, "the run timed out"
+            return RankShown.STOPPED, "the run timed out"
         if self.root_cause_rank is not None:
-            return RankState.STOPPED, f"rank {self.root_cause_rank} failed"
-        return RankState.STOPPED, "the run failed"
+            return RankShown.STOPPED, f"rank {self.root_cause_rank} failed"
+        return RankShown.STOPPED, "the run failed"
 
     @property
     def done(self) -> bool:
@@ -268,8 +291,3 @@ class RunView:
         """The slowest and fastest rank's progress bar (empty when no rank runs one)."""
         positions = [(r.rank, p) for r in self.ranks if (p := r.progress()) is not None]
         return progress.merged_line(positions)
-
-
-def _without_rank(rank: int, text: str) -> str:
-    """One wording for the error column: ``ValueError: x`` (the row already names the rank)."""
-    return text.removeprefix(f"rank {rank} ").removeprefix("raised ")

@@ -16,6 +16,10 @@ from serverless_gpu.common.errors import (
     DistributedError,
     RemoteError,
     RemoteTraceback,
+    failures_of,
+    other_failures_text,
+    rank_of,
+    run_dir_of,
 )
 
 _FRAME = re.compile(r'^(?P<indent> *)File "(?P<file>[^"]+)", line (?P<line>\d+)(?P<rest>.*)$')
@@ -88,12 +92,12 @@ def _frame_lines(frame: re.Match[str], quoted: list[str], label: Labeler) -> Ite
 
 def render_lines(exc: BaseException, label: Labeler) -> list[str] | None:
     """What IPython shows for an exception that came from a run; None for any other."""
-    run_dir = getattr(exc, "serverless_gpu_run_dir", None)
-    rank = getattr(exc, "serverless_gpu_rank", None)
-    if isinstance(exc, RemoteError):
-        rank, run_dir = exc.rank, exc.run_dir
-    if isinstance(rank, int):
-        return _rank_raised(exc, rank, run_dir, label)
+    # A rank's exception (its own type, or a RemoteError for one that does not unpickle) is
+    # shown as the rank raised it; the library's other errors as themselves.
+    own = isinstance(exc, RemoteError) or not isinstance(exc, DistributedError)
+    rank = rank_of(exc) if own else None
+    if rank is not None:
+        return _rank_raised(exc, rank, run_dir_of(exc), label)
     if isinstance(exc, CancelledError):
         return [f"{HEADLINE}{type(exc).__name__}: {_first_line(exc)}{RESET}"]
     if isinstance(exc, DistributedError) and exc.run_dir is not None:
@@ -111,6 +115,9 @@ def _rank_raised(exc: BaseException, rank: int, run_dir: Path | None, label: Lab
     cause = exc.__cause__
     if isinstance(cause, RemoteTraceback):
         lines += clean_traceback(cause.traceback_text, label)
+    others = other_failures_text(failures_of(exc), rank).strip()
+    if others:
+        lines.append(others)
     if run_dir is not None:
         lines.append(_run_dir_line(run_dir))
     return lines

@@ -21,7 +21,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from serverless_gpu.common.lifetime import kill_group, signal_name
+from serverless_gpu.common.errors import exit_words
+from serverless_gpu.common.lifetime import kill_group
 from serverless_gpu.runfiles.rundirs import drop_launcher_log, launcher_log_path
 from serverless_gpu.wire.protocol import Exiting, RankGroups, RunAccepted, Shutdown
 from serverless_gpu.wire.runspec import RunSpec
@@ -150,10 +151,9 @@ class LauncherClient:
             code = self.proc.wait(_SHUTDOWN_WAIT_S)
         except subprocess.TimeoutExpired:
             return "closed its connection"
-        name = signal_name(code)
         if self.killed_because:
             return f"was killed because {self.killed_because}"
-        return f"was killed by {name}" if name else f"exited with code {code}"
+        return exit_words(code)
 
     def forget(self) -> None:
         """In a forked child of the caller: drop our copy of the socket, so that the launcher

@@ -25,7 +25,7 @@ from serverless_gpu.common.errors import LauncherError, StorageError
 from serverless_gpu.common.gpus import Placement
 from serverless_gpu.runfiles.rundirs import release_run, storage_hint
 from serverless_gpu.wire.env import group_env
-from serverless_gpu.wire.events import RunFinished, RunQueued, RunScheduled, RunStatus
+from serverless_gpu.wire.events import RunFinished, RunQueued, RunScheduled
 from serverless_gpu.wire.protocol import CancelRun, Prewarm, TakeStacks
 from serverless_gpu.wire.runpaths import RunPaths
 from serverless_gpu.wire.runspec import RunSpec
@@ -167,7 +167,7 @@ class LocalBackend:
         for run_id in failed:
             handle = self._handles.pop(run_id, None)
             if handle is not None:
-                handle.push(RunFinished(run_id, RunStatus.FAILED, None, message, (), time.time()))
+                handle.push(RunFinished.run_failed(run_id, message, (), time.time()))
             self._resent.discard(run_id)
             self._run_over(run_id)
 

@@ -11,6 +11,7 @@ import time
 from typing import TextIO
 
 from serverless_gpu.caller.hangs import warning_text
+from serverless_gpu.common.errors import other_failures_text
 from serverless_gpu.wire.events import (
     Event,
     OutputLines,
@@ -67,6 +68,9 @@ class ConsolePrinter:
             elapsed = event.time - self._started if self._started else 0.0
             detail = f": {event.message}" if event.message else ""
             self._write(f"serverless_gpu: run {event.status.value} after {elapsed:.1f} s{detail}\n")
+            others = other_failures_text(event.failures, event.root_cause_rank).strip()
+            if others:
+                self._write(f"serverless_gpu: {others}\n")
 
     def _format(self, event: OutputLines, line: str) -> str:
         """Finished lines are printed; progress lines (``\\r``) at most every few seconds."""

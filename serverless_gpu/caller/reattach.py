@@ -30,6 +30,7 @@ from serverless_gpu.caller.runrecord import LOST, RUNNING, RunInfo, read_record
 from serverless_gpu.common.errors import (
     ConfigurationError,
     DistributedError,
+    RankFailure,
     SerializationError,
     UsageError,
 )
@@ -183,16 +184,17 @@ def _failure(info: RunInfo, status: RunStatus) -> BaseException:
     record = info.record
     root = record.get("root_cause_rank")
     message = str(record.get("message") or "")
-    prefix = f"rank {root} "
-    finished = RunFinished(
-        run_id=info.run_id,
-        status=status,
-        root_cause_rank=root if isinstance(root, int) else None,
-        message=message,
-        unfinished_ranks=(),
-        time=float(record.get("finished") or 0.0),
-        cause=message[len(prefix) :] if message.startswith(prefix) else message,
-    )
+    when = float(record.get("finished") or 0.0)
+    if status is RunStatus.FAILED and isinstance(root, int):
+        # The record keeps the root cause's words (``cause``), not its exit code or kind; a
+        # record written before it had them has only the whole message, "rank N ...".
+        cause = str(record.get("cause") or message.removeprefix(f"rank {root} "))
+        failure = RankFailure(root, when, None, None, cause, detail=cause)
+        finished = RunFinished.rank_failed(info.run_id, (failure,), (), when)
+    elif status is RunStatus.FAILED:
+        finished = RunFinished.run_failed(info.run_id, message, (), when)
+    else:
+        finished = RunFinished.stopped(info.run_id, status, message, (), when)
     # The record keeps no timeout: a timed-out run reads as the time it ran.
     return failure_exception(finished, {}, {}, RunPaths(info.run_dir), info.duration)
 

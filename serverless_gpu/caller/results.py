@@ -22,7 +22,7 @@ from serverless_gpu.common.errors import (
     SerializationError,
     StorageError,
     attach_remote_context,
-    describe_failure,
+    with_failures,
 )
 from serverless_gpu.doctor import flight, stack_text, stacks
 from serverless_gpu.runfiles.serialization import load_from_file, load_result
@@ -67,11 +67,7 @@ def load_results(paths: RunPaths, world_size: int) -> list[Any]:
         # BaseException: unpickling runs the result's own code, which may raise SystemExit or
         # KeyboardInterrupt; that is the rank's result misbehaving, not the caller exiting.
         except BaseException as exc:  # e.g. the result's class cannot be imported in the caller
-            raise SerializationError(
-                f"the result of rank {rank} could not be loaded in the caller: "
-                f"{type(exc).__name__}: {exc}",
-                run_dir=run_dir,
-            ) from exc
+            raise SerializationError.result_not_loaded(rank, exc, run_dir=run_dir) from exc
     return values
 
 
@@ -82,7 +78,19 @@ def failure_exception(
     paths: RunPaths,
     timeout: float | None,
 ) -> BaseException:
-    """The exception the caller raises for a run that did not succeed."""
+    """The exception the caller raises for a run that did not succeed, with every rank's
+    failure on it (:func:`errors.failures_of`)."""
+    failures = tuple(_located(f, ranks, stderr_tails, paths) for f in finished.failures)
+    return with_failures(_run_exception(finished, ranks, failures, paths, timeout), failures)
+
+
+def _run_exception(
+    finished: RunFinished,
+    ranks: Mapping[int, RankFinished],
+    failures: tuple[RankFailure, ...],
+    paths: RunPaths,
+    timeout: float | None,
+) -> BaseException:
     run_dir = paths.run_dir
     if finished.status is RunStatus.TIMED_OUT:
         return timeout_error(
@@ -93,23 +101,30 @@ def failure_exception(
         )
     if finished.status is RunStatus.CANCELLED:
         return CancelledError(f"run cancelled: {finished.message}", run_dir=run_dir)
-    root = finished.root_cause_rank
-    if root is None:
+    if finished.root_cause is None:
         return DistributedError(f"run failed: {finished.message}", run_dir=run_dir)
-    info = ranks.get(root)
-    failure = RankFailure(
-        rank=root,
-        time=info.time if info else finished.time,
-        exit_code=info.exit_code if info else None,
-        signal_name=info.signal_name if info else None,
-        message=finished.cause,
-        log_path=paths.log(root),
-        stderr_tail=stderr_tails.get(root, ""),
-    )
-    error_path = paths.error(root)
+    root = failures[0]
+    error_path = paths.error(root.rank)
     if error_path.exists():
-        return _exception_from_record(load_from_file(error_path), failure, run_dir)
-    return RankFailedError(failure, run_dir=run_dir)
+        return _exception_from_record(load_from_file(error_path), root, run_dir)
+    return RankFailedError(root, run_dir=run_dir)
+
+
+def _located(
+    failure: RankFailure,
+    ranks: Mapping[int, RankFinished],
+    stderr_tails: Mapping[int, str],
+    paths: RunPaths,
+) -> RankFailure:
+    """A rank's failure as the caller knows it: with its process's exit, log and last lines."""
+    info = ranks.get(failure.rank)
+    return replace(
+        failure,
+        exit_code=info.exit_code if info else failure.exit_code,
+        signal_name=info.signal_name if info else failure.signal_name,
+        log_path=paths.log(failure.rank),
+        stderr_tail=stderr_tails.get(failure.rank, ""),
+    )
 
 
 def timeout_error(
@@ -142,15 +157,14 @@ def _exception_from_record(
 ) -> BaseException:
     kind = record.kind
     if kind == CONNECTION_LOST:
-        message = describe_failure(kind, record.type_name, record.message)
-        return RankFailedError(replace(failure, message=message), run_dir=run_dir)
+        return RankFailedError(replace(failure, message=record.failure.message), run_dir=run_dir)
     exc = _unpickled(record.exception)
     # Only a real Exception keeps its type: a rank's KeyboardInterrupt (or another
     # BaseException) re-raised as is would read as the caller's own Ctrl-C or exit.
     if isinstance(exc, Exception):
         return attach_remote_context(exc, record.rank, record.traceback_text, run_dir)
     err: DistributedError
-    text = f"rank {record.rank} {describe_failure(kind, record.type_name, record.message)}"
+    text = record.failure.text
     if kind == RESULT_NOT_WRITTEN:
         err = StorageError(text, run_dir=run_dir)
     elif kind != RAISED:
@@ -159,25 +173,29 @@ def _exception_from_record(
         err = RemoteError(
             record.rank, record.type_name, record.message, record.traceback_text, run_dir=run_dir
         )
+    err.rank = record.rank
     err.__cause__ = RemoteTraceback(record.rank, record.traceback_text)
     return err
 
 
 def with_root_cause(finished: RunFinished, paths: RunPaths) -> RunFinished:
     """``finished`` worded from the root-cause rank's own record, when it wrote one: the
-    launcher only knows a one-line summary of it."""
-    root = finished.root_cause_rank
+    launcher may know its failure only by its process's exit."""
+    root = finished.root_cause
     if root is None or finished.status is not RunStatus.FAILED:
         return finished
-    path = paths.error(root)
+    path = paths.error(root.rank)
     if not path.exists():
         return finished
     try:
         record = load_from_file(path)
     except Exception:  # result() reports a broken record; the event stays as is
         return finished
-    cause = describe_failure(record.kind, record.type_name, record.message)
-    return replace(finished, message=f"rank {root} {cause}", cause=cause)
+    reported = replace(
+        record.failure, time=root.time, exit_code=root.exit_code, signal_name=root.signal_name
+    )
+    failures = (reported, *finished.failures[1:])
+    return replace(finished, message=reported.text, failures=failures)
 
 
 def _unpickled(data: bytes | None) -> BaseException | None:

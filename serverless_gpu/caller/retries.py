@@ -26,6 +26,7 @@ from serverless_gpu.common.errors import (
     DistributedTimeoutError,
     RankFailedError,
     exception_message,
+    run_dir_of,
 )
 
 _COLLECTIVE_WORDS = ("gloo", "nccl", *PEER_LOST_WORDS)
@@ -95,8 +96,7 @@ def describe(exc: BaseException) -> str:
 
 
 def failed_attempt(number: int, exc: BaseException) -> FailedAttempt:
-    run_dir = getattr(exc, "run_dir", None) or getattr(exc, "serverless_gpu_run_dir", None)
-    return FailedAttempt(number, describe(exc), run_dir)
+    return FailedAttempt(number, describe(exc), run_dir_of(exc))
 
 
 def attempts_note(attempts: list[FailedAttempt]) -> str:

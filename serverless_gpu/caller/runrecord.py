@@ -82,6 +82,7 @@ class RunRecorder:
                     "finished": event.time,
                     "message": event.message,
                     "root_cause_rank": event.root_cause_rank,
+                    "cause": event.cause,
                 }
             )
 

@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Callable, Container, Iterable
 
+from serverless_gpu.common.errors import signal_name as signal_name  # worded with exits there
 from serverless_gpu.common.settings import MAX_GRACE_S
 
 _PR_SET_PDEATHSIG = 1
@@ -64,16 +65,6 @@ def reap_adopted(known: Container[int]) -> None:
             os.waitpid(info.si_pid, 0)
         except ChildProcessError:
             return
-
-
-def signal_name(status: int) -> str | None:
-    """``-11`` (a Popen-style return code) -> ``"SIGSEGV"``."""
-    if status >= 0:
-        return None
-    try:
-        return signal.Signals(-status).name
-    except ValueError:
-        return f"signal {-status}"
 
 
 def kill_group(pgid: int, sig: int) -> None:

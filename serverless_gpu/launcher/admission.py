@@ -65,7 +65,7 @@ class Admission:
 
     def end_queued(self, run_id: str, reason: str) -> None:
         """A run that never left the queue ends as cancelled: it has no ranks to stop."""
-        self.emit(RunFinished(run_id, RunStatus.CANCELLED, None, reason, (), time.time()))
+        self.emit(RunFinished.stopped(run_id, RunStatus.CANCELLED, reason, (), time.time()))
 
     def cancel_queued(self, run_id: str, reason: str) -> bool:
         """Take a queued run out of the queue and end it; False if it is not queued."""
@@ -86,7 +86,7 @@ class Admission:
             except Exception as exc:
                 text = str(exc) if isinstance(exc, StartFailed) else repr(exc)
                 log_exception(text)
-                self.emit(RunFinished(spec.run_id, RunStatus.FAILED, None, text, (), time.time()))
+                self.emit(RunFinished.run_failed(spec.run_id, text, (), time.time()))
                 self.allocator.release(spec.run_id)  # the next run waits for a run's end
 
     def _launch(self, spec: RunSpec) -> None:

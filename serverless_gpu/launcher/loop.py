@@ -30,7 +30,7 @@ from serverless_gpu.launcher.log import log, log_exception
 from serverless_gpu.launcher.standby import RankSet, Standby, fork_set
 from serverless_gpu.launcher.supervisor import RunSupervisor
 from serverless_gpu.wire.channel import Channel, Undecodable
-from serverless_gpu.wire.events import RunFinished, RunStatus
+from serverless_gpu.wire.events import RunFinished
 from serverless_gpu.wire.protocol import (
     CancelRun,
     Exiting,
@@ -170,9 +170,7 @@ class LauncherLoop:
                 if run is not None:
                     run.fail(text)
                 else:
-                    self.emit(
-                        RunFinished(message.run_id, RunStatus.FAILED, None, text, (), time.time())
-                    )
+                    self.emit(RunFinished.run_failed(message.run_id, text, (), time.time()))
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, Undecodable):

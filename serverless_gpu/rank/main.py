@@ -29,8 +29,7 @@ from serverless_gpu.common.errors import (
     RAISED,
     RESULT_NOT_WRITTEN,
     UNPICKLABLE_RESULT,
-    describe_exception,
-    describe_failure,
+    FailureKind,
     exception_message,
 )
 from serverless_gpu.common.lifetime import die_with_parent
@@ -236,7 +235,7 @@ def _note_cpu_mode(exc: Exception) -> None:
 
 
 def error_record(
-    rank: int, exc: BaseException, kind: str, type_name: str, message: str
+    rank: int, exc: BaseException, kind: FailureKind, type_name: str, message: str
 ) -> ErrorRecord:
     """A rank's failure as the caller turns it into an exception: for ``RAISED`` the exception
     itself when it pickles, and always its type, message and traceback from the user's code."""
@@ -264,7 +263,7 @@ def _report_error(
     spec: RankSpec,
     send: Callable[[Any], None],
     exc: BaseException,
-    kind: str,
+    kind: FailureKind,
     type_name: str,
     message: str,
 ) -> int:
@@ -273,10 +272,9 @@ def _report_error(
     the launcher must not lose its error to a failed write."""
     record = error_record(spec.rank, exc, kind, type_name, message)
     tb_text = record.traceback_text
-    failure = describe_failure(kind, type_name, message)
+    failure = record.failure
     best_effort(dump_to_file, record, spec.run.paths.error(spec.rank))
-    summary = describe_exception(type_name, message) if kind == RAISED else failure
-    best_effort(send, RankDone(ok=False, time=record.time, summary=summary, failure=failure))
+    best_effort(send, RankDone(ok=False, time=record.time, summary=failure.detail, failure=failure))
     best_effort(sys.stderr.write, tb_text)
     return 1
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from serverless_gpu.common.errors import RankFailure, root_cause
+
 if TYPE_CHECKING:
     from serverless_gpu.wire.runspec import RunSpec
 
@@ -56,9 +58,6 @@ class RankState(str, enum.Enum):
     """Raised, crashed or exited without a result; or the root cause of a failed run."""
     STOPPED = "stopped"
     """Stopped by the library (another rank failed, the run timed out or was cancelled)."""
-    CANCELLED = "cancelled"
-    """Stopped because the user cancelled the run (the renderers' word; the launcher reports
-    such a rank as ``STOPPED``)."""
 
     def __str__(self) -> str:
         return self.value
@@ -167,20 +166,83 @@ class RankFinished:
 class RunFinished:
     """The run is over; results (or the root-cause failure) are final. A failed or stopped
     run's rank processes are gone; a successful run is reported as soon as every rank has
-    written its result, and its processes exit (communicator and CUDA teardown) after."""
+    written its result, and its processes exit (communicator and CUDA teardown) after.
+
+    Made by the named constructors (:meth:`succeeded`, :meth:`rank_failed`,
+    :meth:`run_failed`, :meth:`stopped`), which word ``message``."""
 
     run_id: str
     status: RunStatus
     root_cause_rank: int | None
     """The rank whose failure came first in time, if the run failed."""
     message: str
-    """Root-cause summary for a failed run, empty on success."""
+    """Why the run did not succeed, in one line (``"rank 1 raised ValueError: x"``,
+    ``"exceeded its timeout of ..."``); on success empty, or how it was stopped early."""
     unfinished_ranks: tuple[int, ...]
     """Ranks that had not returned when the run was stopped (timeout, cancel, failure)."""
     time: float
-    cause: str = ""
-    """The root-cause rank's failure as it reads after ``rank N`` (``"raised ValueError: x"``,
-    ``"was killed by SIGSEGV"``); ``message`` is ``"rank N " + cause``."""
+    failures: tuple[RankFailure, ...] = ()
+    """Every rank's own failure, first in time first; ranks the library stopped are not
+    failures."""
+
+    @classmethod
+    def succeeded(cls, run_id: str, time: float, note: str = "") -> RunFinished:
+        """Every rank returned; ``note`` says how a stop asked for came to nothing."""
+        return cls(run_id, RunStatus.SUCCEEDED, None, note, (), time)
+
+    @classmethod
+    def rank_failed(
+        cls,
+        run_id: str,
+        failures: tuple[RankFailure, ...],
+        unfinished: tuple[int, ...],
+        time: float,
+    ) -> RunFinished:
+        """A rank failed; the root cause is the first failure in time (:func:`root_cause`)."""
+        root = root_cause(failures)
+        if root is None:
+            raise ValueError("a failed run's RunFinished needs the rank failures")
+        ordered = tuple(sorted(failures, key=lambda f: (f is not root, f.time, f.rank)))
+        return cls(run_id, RunStatus.FAILED, root.rank, root.text, unfinished, time, ordered)
+
+    @classmethod
+    def run_failed(
+        cls,
+        run_id: str,
+        message: str,
+        unfinished: tuple[int, ...],
+        time: float,
+        failures: tuple[RankFailure, ...] = (),
+    ) -> RunFinished:
+        """The run itself failed (its supervision, its placement), not one of its ranks."""
+        return cls(run_id, RunStatus.FAILED, None, message, unfinished, time, failures)
+
+    @classmethod
+    def stopped(
+        cls,
+        run_id: str,
+        status: RunStatus,
+        message: str,
+        unfinished: tuple[int, ...],
+        time: float,
+        failures: tuple[RankFailure, ...] = (),
+    ) -> RunFinished:
+        """The run was stopped: ``TIMED_OUT`` or ``CANCELLED`` (the reason given)."""
+        return cls(run_id, status, None, message, unfinished, time, failures)
+
+    @property
+    def root_cause(self) -> RankFailure | None:
+        """The root-cause rank's failure (first of ``failures``), if the run failed."""
+        if self.root_cause_rank is None or not self.failures:
+            return None
+        return self.failures[0]
+
+    @property
+    def cause(self) -> str:
+        """The root-cause rank's failure as it reads after ``rank N`` (``"raised ValueError:
+        x"``, ``"was killed by SIGSEGV"``); empty when no rank is the root cause."""
+        root = self.root_cause
+        return root.message if root is not None else ""
 
 
 @dataclass(frozen=True)

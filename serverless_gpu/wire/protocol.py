@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from serverless_gpu.common.errors import FailureKind, RankFailure
 from serverless_gpu.wire.env import rank_env
 from serverless_gpu.wire.runspec import RunSpec
 
@@ -138,8 +139,8 @@ class RankDone:
     time: float
     summary: str = ""
     """``"Tensor (3, 2) torch.float32"`` for a result, ``"ValueError: boom"`` for an error."""
-    failure: str = ""
-    """How the rank failed, as it reads after ``rank N`` (:func:`errors.describe_failure`)."""
+    failure: RankFailure | None = None
+    """How the rank failed (:meth:`RankFailure.reported`), when it did."""
 
 
 @dataclass(frozen=True)
@@ -164,8 +165,13 @@ class ErrorRecord:
     type_name: str
     message: str
     traceback_text: str
-    kind: str
-    """What the rank reported: ``errors.RAISED`` (the function raised) or a failure of the
-    library in the rank (``UNPICKLABLE_RESULT``, ``RESULT_NOT_WRITTEN``, ``CONNECTION_LOST``)."""
+    kind: FailureKind
+    """What the rank reported: ``RAISED`` (the function raised) or a failure of the library in
+    the rank (``UNPICKLABLE_RESULT``, ``RESULT_NOT_WRITTEN``, ``CONNECTION_LOST``)."""
     exception: bytes | None = None
     """The pickled exception when it pickles, else ``None``."""
+
+    @property
+    def failure(self) -> RankFailure:
+        """The rank's failure, worded (``RankFailure.reported``)."""
+        return RankFailure.reported(self.rank, self.time, self.kind, self.type_name, self.message)

@@ -52,6 +52,45 @@ def test_raise_on_one_rank_while_the_other_blocks_in_all_reduce(tmp_path: Path) 
     assert exc.serverless_gpu_run_dir.is_dir()  # type: ignore[attr-defined]
 
 
+def test_every_ranks_failure_is_on_the_exception(tmp_path: Path) -> None:
+    """torch elastic's "other failures": rank 0 raises first; rank 1 ignores the SIGTERM that
+    stops the run and raises after it. The caller gets rank 0's exception, naming rank 1's."""
+    ready = tmp_path / "rank_1_ignores_sigterm"
+
+    @distributed(gpus=2, gpu_type="cpu")
+    def train() -> None:
+        import os
+        import signal
+
+        from serverless_gpu.wire.runpaths import RunPaths
+
+        def after(path: Path) -> None:  # bounded wait for the other rank's step
+            deadline = time.monotonic() + 30.0
+            while not path.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+        if runtime.get_global_rank() == 0:
+            after(ready)
+            raise ShapeMismatch("first")
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ready.touch()
+        after(RunPaths(Path(os.environ["SERVERLESS_GPU_RUN_DIR"])).error(0))  # rank 0's record
+        raise RuntimeError("second")
+
+    with pytest.raises(ShapeMismatch, match="first") as info:
+        train.distributed()
+    exc = info.value
+    assert "other failures: rank 1 raised RuntimeError: second" in exc.__notes__
+    from serverless_gpu import failures_of, rank_of, run_dir_of
+
+    assert [(f.rank, f.message) for f in failures_of(exc)] == [
+        (0, "raised ShapeMismatch: first"),
+        (1, "raised RuntimeError: second"),
+    ]
+    run_dir = run_dir_of(exc)
+    assert rank_of(exc) == 0 and run_dir is not None and run_dir.is_dir()
+
+
 def test_segfault_is_named() -> None:
     @distributed(gpus=2)
     def crash() -> None:
@@ -223,19 +262,3 @@ def test_gpu_mode_without_gpus_says_how_to_use_cpu(monkeypatch: pytest.MonkeyPat
 
     with pytest.raises(GPUConfigError, match="no GPU is visible"):
         too_many.distributed()
-
-
-def test_a_peer_that_lost_its_connection_is_not_the_root_cause_of_a_crash() -> None:
-    """The survivor's "connection closed by peer" can be recorded before the launcher sees the
-    crashed rank's exit (a busy machine): the crash is still the root cause, whatever the
-    order of the records; between failures of one kind, the first in time is."""
-    from serverless_gpu.common.errors import root_cause
-
-    lost = (1.0, 0, "raised RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:4242")
-    crash = (1.2, 1, "exited with code 1")
-    assert root_cause([lost, crash]) == crash
-    assert root_cause([crash, lost]) == crash
-    later = (1.5, 0, "raised ValueError: bad labels")
-    assert root_cause([later, crash]) == crash
-    assert root_cause([lost]) == lost
-    assert root_cause([]) is None

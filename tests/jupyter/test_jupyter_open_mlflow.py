@@ -23,7 +23,7 @@ from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.common.gpus import GPUType, Placement
 from serverless_gpu.tracking import stop_ui, store
 from serverless_gpu.wire.config import DistributedConfig
-from serverless_gpu.wire.events import RunFinished, RunStatus
+from serverless_gpu.wire.events import RunFinished
 from serverless_gpu.wire.runpaths import RunPaths
 from serverless_gpu.wire.runspec import RunSpec
 
@@ -161,7 +161,7 @@ def test_the_text_record_says_how_to_serve_the_store_when_no_ui_does(tmp_path: P
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     out = io.StringIO()
     renderer = TextRenderer(_tracked_context(tmp_path, uri), stream=out)
-    renderer(RunFinished("r1", RunStatus.SUCCEEDED, None, "", (), 1.0))
+    renderer(RunFinished.succeeded("r1", 1.0))
     text = out.getvalue()
     assert f"MLflow run abc in {uri}; to see it, run `python -m serverless_gpu" in text
     assert f"mlflow ui --backend-store-uri {uri} --port {store.ui_ports(uri)[0]}" in text
@@ -182,7 +182,7 @@ def test_a_run_whose_ui_did_not_start_keeps_a_button_under_its_record_that_start
         thread = renderer._mlflow_thread
         assert thread is not None
         thread.join(_START_BOUND_S)
-        renderer(RunFinished("r1", RunStatus.SUCCEEDED, None, "", (), 1.0))
+        renderer(RunFinished.succeeded("r1", 1.0))
         assert "the MLflow UI did not start" in renderer.record
         assert "python -m serverless_gpu.tracking.serve_ui" in renderer.record
         button = renderer.mlflow_button

@@ -12,6 +12,7 @@ from jupyter_ext.html_view import header_html, merged_lines_html, rank_status_ht
 from jupyter_ext.metrics import data_wait_text, metrics_text
 from jupyter_ext.runstate import RunView
 from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.common.errors import FailureKind, RankFailure
 from serverless_gpu.common.gpus import GPUType, Placement
 from serverless_gpu.tracking.settings import MESSAGE_KIND
 from serverless_gpu.wire.config import DistributedConfig
@@ -55,9 +56,8 @@ def test_a_peer_stopped_for_a_failure_says_which_rank_failed(tmp_path: Path) -> 
     view.apply(_killed(0))
     assert "SIGTERM" not in rank_status(view.ranks[0])  # not yet known why: no signal words
     view.apply(_killed(2))
-    view.apply(
-        RunFinished(RUN, RunStatus.FAILED, 1, "rank 1 raised ValueError: bad value", (0, 2), 6.0)
-    )
+    failure = RankFailure.reported(1, 4.0, FailureKind.RAISED, "ValueError", "bad value")
+    view.apply(RunFinished.rank_failed(RUN, (failure,), (0, 2), 6.0))
     rows = [(rank, state, outcome) for rank, state, _time, outcome in summary_rows(view)]
     assert rows == [
         ("0", "stopped", "rank 1 failed"),
@@ -71,7 +71,8 @@ def test_a_crash_is_worded_like_a_raise(tmp_path: Path) -> None:
     _start(view)
     view.apply(RankFinished(RUN, 0, RankState.STOPPED, -9, "SIGKILL", 4.0))
     view.apply(_killed(1))
-    view.apply(RunFinished(RUN, RunStatus.FAILED, 0, "rank 0 was killed by SIGKILL", (1,), 5.0))
+    crash = RankFailure.of_exit(0, 4.0, -9)
+    view.apply(RunFinished.rank_failed(RUN, (crash,), (1,), 5.0))
     rows = [(state, outcome) for _rank, state, _time, outcome in summary_rows(view)]
     assert rows == [("failed", "was killed by SIGKILL"), ("stopped", "rank 0 failed")]
 
@@ -90,7 +91,7 @@ def test_ranks_stopped_by_a_cancel_or_a_timeout(
     _start(view)
     view.apply(_killed(0))
     view.apply(_killed(1))
-    view.apply(RunFinished(RUN, status, None, "", (0, 1), 6.0))
+    view.apply(RunFinished.stopped(RUN, status, "", (0, 1), 6.0))
     assert {(rank.state, rank.detail) for rank in view.ranks} == {words}
 
 
@@ -166,7 +167,7 @@ def test_the_header_shows_rank_0s_latest_metrics(tmp_path: Path) -> None:
     view.apply(_metrics(0, ("lr", 0.001, 10), ("loss", 0.51234, 10), ("loss", 0.41234, 11)))
     assert metrics_text(view.metrics) == "step 11 \u00b7 loss 0.4123 \u00b7 lr 0.001"
     assert metrics_text(view.metrics) in header_html(view)
-    view.apply(RunFinished(RUN, RunStatus.SUCCEEDED, None, "", (), 9.0))
+    view.apply(RunFinished.succeeded(RUN, 9.0))
     assert metrics_text(view.metrics) in record_html(view)  # the record keeps them
 
 

@@ -167,3 +167,24 @@ def test_a_call_that_fails_before_its_run_starts_ends_its_display(
     assert re.search(r"\n  1 +stopped +- +the run did not start\n", text), text
     assert "LauncherError: could not reach the launcher process" in text
     assert ".py:" not in text.split("  logs: ")[-1], text  # no frame of the library
+
+
+def test_a_ranks_exception_names_the_other_failures() -> None:
+    """Every rank's failure reaches the notebook too, from the exception's structured list."""
+    from jupyter_ext.traceback_text import render_lines
+    from serverless_gpu.common.errors import (
+        FailureKind,
+        RankFailure,
+        attach_remote_context,
+        with_failures,
+    )
+
+    first = RankFailure.reported(1, 1.0, FailureKind.RAISED, "ValueError", "bad value")
+    other = RankFailure.of_exit(0, 1.1, -9)
+    exc = attach_remote_context(ValueError("bad value"), 1, "", Path("/runs/x"))
+    lines = render_lines(with_failures(exc, (first, other)), lambda _file: None)
+    assert lines is not None
+    text = ANSI.sub("", "\n".join(lines))
+    assert text.splitlines()[0] == "rank 1 raised ValueError: bad value"
+    assert "other failures: rank 0 was killed by SIGKILL" in text.splitlines()
+    assert text.splitlines()[-1] == "run directory: /runs/x"

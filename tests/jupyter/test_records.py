@@ -14,6 +14,7 @@ from jupyter_ext.html_view import header_html, merged_lines_html, record_html
 from jupyter_ext.runstate import RunView
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.common.describe import describe_value
+from serverless_gpu.common.errors import FailureKind, RankFailure
 from serverless_gpu.common.gpus import GPUType, Placement
 from serverless_gpu.tracking.settings import MESSAGE_KIND
 from serverless_gpu.wire.config import DistributedConfig
@@ -54,7 +55,7 @@ def _bar(done: int, total: int = 600) -> str:
 def _end(view: RunView, status: RunStatus) -> None:
     for rank in view.ranks:
         view.apply(RankFinished(RUN, rank.rank, RankState.STOPPED, -15, "SIGTERM", 5.0))
-    view.apply(RunFinished(RUN, status, None, "", (0, 1), 6.0))
+    view.apply(RunFinished.stopped(RUN, status, "", (0, 1), 6.0))
 
 
 def test_a_cancelled_record_keeps_how_far_each_bar_got(tmp_path: Path) -> None:
@@ -95,8 +96,9 @@ def test_the_record_does_not_repeat_the_traceback_shown_under_it(tmp_path: Path)
         "ValueError: bad batch\n",
     )
     view.apply(OutputLines(RUN, 1, "stderr", lines, 3.0))
-    view.apply(RankFinished(RUN, 1, RankState.FAILED, 1, None, 4.0, "rank 1 raised ValueError"))
-    view.apply(RunFinished(RUN, RunStatus.FAILED, 1, "rank 1 raised ValueError", (0,), 5.0))
+    failure = RankFailure.reported(1, 4.0, FailureKind.RAISED, "ValueError", "")
+    view.apply(RankFinished(RUN, 1, RankState.FAILED, 1, None, 4.0, failure.detail))
+    view.apply(RunFinished.rank_failed(RUN, (failure,), (0,), 5.0))
     tail = record_html(view).split('data-rank="1"', 1)[1]
     assert "loading" in tail and "its traceback is shown under this record" in tail
     assert "Traceback (most recent call last)" not in tail and "bad batch" not in tail

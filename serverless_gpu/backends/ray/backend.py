@@ -60,11 +60,7 @@ class RayBackend:
 
 def _values(run: RayRun) -> list[Any]:
     for rank, exc in sorted(run.value_errors.items()):
-        raise SerializationError(
-            f"the result of rank {rank} could not be loaded in the caller: "
-            f"{type(exc).__name__}: {exc}",
-            run_dir=run.ctx.run_dir,
-        ) from exc
+        raise SerializationError.result_not_loaded(rank, exc, run_dir=run.ctx.run_dir) from exc
     return run.values
 
 

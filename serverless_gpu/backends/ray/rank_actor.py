@@ -23,7 +23,7 @@ from serverless_gpu.common.describe import describe_value
 from serverless_gpu.common.errors import (
     RAISED,
     UNPICKLABLE_RESULT,
-    describe_exception,
+    FailureKind,
     exception_message,
 )
 from serverless_gpu.common.output import LineSplitter
@@ -151,10 +151,10 @@ class RankActor:
             )
         return ("ok", [ref], describe_value(result))
 
-    def _error(self, exc: BaseException, kind: str, type_name: str, message: str) -> Any:
+    def _error(self, exc: BaseException, kind: FailureKind, type_name: str, message: str) -> Any:
         record = worker.error_record(self.rank, exc, kind, type_name, message)
         worker.best_effort(sys.stderr.write, record.traceback_text)
-        return ("error", record, describe_exception(type_name, message))
+        return ("error", record, record.failure.detail)
 
     # -- events to the caller -----------------------------------------------------------------
 

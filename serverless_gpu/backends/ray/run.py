@@ -1,9 +1,9 @@
 """One call on a Ray cluster, supervised from a thread of the caller.
 
-Root cause = the first failure in time; any failure, the timeout or a cancel kills every other
-rank's actor at once (``ray.kill``, also when it is blocked in a collective). The placement
-group, the actors and the event sink are removed in ``finally``; if the caller dies, Ray removes
-them itself (they belong to the caller's job).
+Root cause = the first failure in time (``wire/outcome.py``, as in the launcher); any failure,
+the timeout or a cancel kills every other rank's actor at once (``ray.kill``, also when it is
+blocked in a collective). The placement group, the actors and the event sink are removed in
+``finally``; if the caller dies, Ray removes them itself (they belong to the caller's job).
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ from serverless_gpu.backends.ray.placement import (
 from serverless_gpu.backends.ray.ranks import LIVE, RayRank, rank_environment
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.common import settings
-from serverless_gpu.common.errors import describe_failure, root_cause
+from serverless_gpu.common.errors import RankFailure, timeout_sentence
 from serverless_gpu.runfiles.serialization import dump_to_file
 from serverless_gpu.wire.events import (
     OutputLines,
     RankFinished,
     RankStarted,
     RankState,
-    RunFinished,
     RunStatus,
 )
+from serverless_gpu.wire.outcome import RunOutcome
 
 _SLICE_S = 0.1
 _CALL_S = 30.0
@@ -53,10 +53,7 @@ class RayRun:
         self.cpus = settings.RAY_CPUS_PER_RANK.read(self.spec.env)
         self.deadline = None if self.ctx.timeout is None else time.monotonic() + self.ctx.timeout
         self.cancel_reason: str | None = None
-        self.failures: list[tuple[float, int, str]] = []
-        self.status = RunStatus.RUNNING
-        self.message = ""
-        self.stopping = False
+        self.outcome = RunOutcome(self.ctx.run_id)
         self.values: list[Any] = []
         self.value_errors: dict[int, BaseException] = {}
         self.reservation: Reservation | None = None
@@ -69,6 +66,11 @@ class RayRun:
     def cancel(self, reason: str) -> None:
         self.cancel_reason = reason
 
+    @property
+    def stopping(self) -> bool:
+        """The run was stopped (a failure, the timeout, a cancel): every actor is killed."""
+        return self.outcome.stopped
+
     # -- the run's thread -----------------------------------------------------------------------
 
     def _main(self) -> None:
@@ -77,13 +79,9 @@ class RayRun:
         except _Stopped as stop:
             self._stop(self._stop_status(), stop.reason)
         except PlacementError as exc:
-            self.status, self.message = RunStatus.FAILED, str(exc)
-            self.stopping = True
+            self._run_failed(str(exc))
         except Exception as exc:  # a fault of ours or of the cluster ends this call, clearly
-            if not self.stopping:
-                self.status = RunStatus.FAILED
-                self.message = f"the Ray backend failed: {type(exc).__name__}: {exc}"
-                self.stopping = True
+            self._run_failed(f"the Ray backend failed: {type(exc).__name__}: {exc}")
         finally:
             self._kill_all()
             self._take_events()
@@ -184,9 +182,7 @@ class RayRun:
         record, summary = outcome[1], outcome[2]
         dump_to_file(record, self.ctx.paths.error(r.rank))
         r.state, r.summary = RankState.FAILED, summary
-        self.failures.append(
-            (record.time, r.rank, describe_failure(record.kind, record.type_name, record.message))
-        )
+        self.outcome.rank_failed(record.failure)
         self._rank_finished(r)
         self._stop(RunStatus.FAILED)
 
@@ -207,7 +203,7 @@ class RayRun:
             first = str(exc).strip().splitlines()
             what = "was killed: its Ray actor died" + (f" ({first[0]})" if first else "")
         r.state, r.summary = RankState.FAILED, what
-        self.failures.append((time.time(), r.rank, what))
+        self.outcome.rank_failed(RankFailure.lost(r.rank, time.time(), what))
         self._rank_finished(r)
         self._stop(RunStatus.FAILED)
 
@@ -234,21 +230,22 @@ class RayRun:
             return self.cancel_reason
         if self.deadline is not None and time.monotonic() >= self.deadline:
             running = [r.rank for r in self.ranks if r.state in LIVE]
-            return (
-                f"exceeded its timeout of {self.ctx.timeout:g} s; ranks still running: "
-                + ", ".join(map(str, running))
-            )
+            return timeout_sentence(self.ctx.timeout or 0.0, running)
         return None
 
     def _stop_status(self) -> RunStatus:
         return RunStatus.CANCELLED if self.cancel_reason is not None else RunStatus.TIMED_OUT
 
     def _stop(self, status: RunStatus, message: str = "") -> None:
-        if self.stopping:
-            return
-        self.stopping = True
-        self.status, self.message = status, message
-        self._kill_all()
+        if self.outcome.stopped_for(status, message):
+            self._kill_all()
+
+    def _run_failed(self, message: str) -> None:
+        """The run itself failed (its placement, our code or the cluster), unless it was
+        stopped already: then that stop is its end."""
+        if not self.stopping:
+            self.outcome.run_failed(time.time(), message)
+            self.outcome.stopped_for(RunStatus.FAILED, message)
 
     def _kill_all(self) -> None:
         import ray
@@ -310,18 +307,7 @@ class RayRun:
                 if r.actor is not None:
                     self._rank_finished(r)
         unfinished = tuple(r.rank for r in self.ranks if r.state is RankState.STOPPED)
-        root, cause = None, ""
-        first = root_cause(self.failures)
-        if first is not None and self.status is RunStatus.FAILED:
-            _when, root, cause = first
-            self.message = f"rank {root} {cause}"
-        elif not self.stopping:
-            self.status = RunStatus.SUCCEEDED
-        self.push(
-            RunFinished(
-                self.ctx.run_id, self.status, root, self.message, unfinished, time.time(), cause
-            )
-        )
+        self.push(self.outcome.finished(unfinished, time.time()))
 
 
 def _make_sink(ray: Any) -> Any:
