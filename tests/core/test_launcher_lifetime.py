@@ -23,6 +23,9 @@ from serverless_gpu.rundirs import RUNS_DIR_ENV
 
 WaitGone = Callable[..., set[int]]
 
+# Each test is about a launcher's own start, log or end: none starts with the module's launcher.
+pytestmark = pytest.mark.fresh_launcher
+
 _FORKING_CALLER = """
 import os, sys
 from serverless_gpu import distributed

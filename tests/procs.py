@@ -1,0 +1,73 @@
+"""The suite's process bookkeeping: which of our child processes are alive, waiting (bounded)
+for them to be gone, and the shared launcher that a module's tests may keep between them."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable
+
+import psutil
+
+from serverless_gpu.proctitle import PREFIX, is_launcher
+
+STANDBY = f"{PREFIX} standby"
+"""The title of a rank waiting for a call (``serverless-gpu standby cpu``)."""
+
+
+def alive(proc: psutil.Process) -> bool:
+    """Running, and not a zombie (a zombie has exited; only its parent's wait() is missing)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return alive(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return False
+
+
+def descendants() -> set[int]:
+    """The pids of every live process below this one."""
+    return {p.pid for p in psutil.Process().children(recursive=True) if alive(p)}
+
+
+def wait_gone(pids: Iterable[int], timeout: float) -> set[int]:
+    """The pids still alive (zombies count as gone) after waiting up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    left = set(pids)
+    while True:
+        left = {pid for pid in left if pid_alive(pid)}
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
+def launcher_family() -> set[int]:
+    """This process's launcher and its idle standby ranks: what a shared launcher keeps
+    between two tests. A rank running a call, or anything a rank started, is not in it."""
+    keep: set[int] = set()
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if alive(child) and is_launcher(child.cmdline()):
+                keep.add(child.pid)
+                keep |= {g.pid for g in child.children() if _is_standby(g)}
+    return keep
+
+
+def _is_standby(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return " ".join(proc.cmdline()).startswith(STANDBY)
+    return False
+
+
+def cmdlines(pids: Iterable[int]) -> list[list[str]]:
+    """Each live pid's command line, for a failure message."""
+    lines = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            lines.append(psutil.Process(pid).cmdline())
+    return lines
