@@ -58,6 +58,17 @@ def launcher_family() -> set[int]:
     return keep
 
 
+def launcher_tree() -> set[int]:
+    """This process's launcher and every live process below it."""
+    tree: set[int] = set()
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if alive(child) and is_launcher(child.cmdline()):
+                tree.add(child.pid)
+                tree |= {g.pid for g in child.children(recursive=True) if alive(g)}
+    return tree
+
+
 def _is_standby(proc: psutil.Process) -> bool:
     with contextlib.suppress(psutil.Error):
         return " ".join(proc.cmdline()).startswith(STANDBY)

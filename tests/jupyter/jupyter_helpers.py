@@ -44,10 +44,6 @@ def write_ipython_profile(ipython_dir: Path, *exec_lines: str) -> Path:
     return ipython_dir
 
 
-def children() -> dict[int, psutil.Process]:
-    return {p.pid: p for p in psutil.Process().children(recursive=True) if alive(p)}
-
-
 def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
     """Those of ``procs`` still alive (zombies count as gone) after up to ``timeout`` s."""
     deadline = time.monotonic() + timeout
