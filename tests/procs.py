@@ -4,13 +4,18 @@ for them to be gone, and the shared launcher that a module's tests may keep betw
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import psutil
 
 from serverless_gpu.proctitle import PREFIX, is_launcher
 
+REPO = Path(__file__).resolve().parents[1]
 STANDBY = f"{PREFIX} standby"
 """The title of a rank waiting for a call (``serverless-gpu standby cpu``)."""
 
@@ -82,3 +87,25 @@ def cmdlines(pids: Iterable[int]) -> list[list[str]]:
         with contextlib.suppress(psutil.Error):
             lines.append(psutil.Process(pid).cmdline())
     return lines
+
+
+def run_script(
+    code: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """``python -c code args`` as a caller of its own: this interpreter, this checkout first on
+    its PYTHONPATH, ``env`` (default: ours), its output captured as text, within ``timeout``."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
+from procs import run_script
 
 import serverless_gpu
 from serverless_gpu import distributed
@@ -47,9 +47,7 @@ print("RESULT", list(handle.result(timeout=60)))
 
 @pytest.mark.timeout(120)
 def test_forked_child_exiting_normally_leaves_the_call_running() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", _FORKING_CALLER], capture_output=True, text=True, timeout=100
-    )
+    out = run_script(_FORKING_CALLER, timeout=100)
     assert "RESULT [1, 1]" in out.stdout, (out.stdout, out.stderr)
 
 
@@ -57,7 +55,6 @@ def test_forked_child_exiting_normally_leaves_the_call_running() -> None:
 def test_children_of_ranks_die_with_a_killed_launcher(gone: WaitGone) -> None:
     @distributed(gpus=2, tracking=False, output="none", standby=False)
     def with_child() -> None:
-        import subprocess
         import time
 
         from serverless_gpu import runtime
