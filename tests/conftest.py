@@ -6,8 +6,8 @@ import signal
 import time
 from collections.abc import Iterator
 
-import psutil
 import pytest
+from procs import cmdlines, descendants, launcher_family, launcher_tree, wait_gone
 
 import serverless_gpu
 
@@ -17,25 +17,51 @@ import serverless_gpu
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+LEAK_GRACE_S = 10.0
+"""How long processes of ours may take to exit once the launcher is shut down."""
+SETTLE_S = 2.0
+"""How long a finished call's ranks may take to exit before the launcher is shut down instead
+of kept for the next test (a test that leaves something running gets the full check)."""
+
+
+@pytest.fixture(scope="module")
+def module_launcher() -> Iterator[None]:
+    """One launcher for a module's tests (starting one costs over a second): the first call
+    starts it, and it is shut down after the module's last test, with every process below it.
+    (Each test has checked that nothing else of its own is left: see no_leaked_children.)"""
+    yield
+    kept = launcher_tree()
+    serverless_gpu.shutdown()
+    leaked = wait_gone(kept, LEAK_GRACE_S)
+    assert not leaked, f"the launcher's processes survived its shutdown: {cmdlines(leaked)}"
+
 
 @pytest.fixture
-def no_leaked_children() -> Iterator[None]:
-    """After the test: the launcher is shut down and no child process of ours survives."""
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
+def no_leaked_children(module_launcher: None, request: pytest.FixtureRequest) -> Iterator[None]:
+    """After the test nothing of ours survives but the module's launcher and its idle standby
+    ranks, which the next call reuses as any caller's next call would. Otherwise (or for a test
+    marked ``fresh_launcher``) the launcher is shut down and then nothing of ours may survive.
+
+    A test marked ``fresh_launcher`` (one about the launcher's own start, log or standby ranks)
+    also starts without one."""
+    fresh = request.node.get_closest_marker("fresh_launcher") is not None
+    if fresh:
+        serverless_gpu.shutdown()
+    others = descendants() - launcher_family()
     yield
+    if not fresh and _settled(others):
+        return
     serverless_gpu.shutdown()
-    deadline = time.monotonic() + 10
-    while True:
-        leaked = [p for p in me.children(recursive=True) if p.pid not in before and _alive(p)]
-        if not leaked or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert not leaked, f"child processes survived the test: {[p.cmdline() for p in leaked]}"
+    leaked = wait_gone(descendants() - others, LEAK_GRACE_S)
+    assert not leaked, f"child processes survived the test: {cmdlines(leaked)}"
 
 
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+def _settled(others: set[int]) -> bool:
+    """Whether, within SETTLE_S, every process of ours not in ``others`` is the launcher or an
+    idle standby rank (a rank still running a call is neither)."""
+    deadline = time.monotonic() + SETTLE_S
+    while descendants() - others - launcher_family():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True

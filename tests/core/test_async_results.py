@@ -7,8 +7,6 @@ from __future__ import annotations
 import gc
 import math
 import os
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -17,6 +15,7 @@ from typing import Any
 
 import pytest
 from eventually import eventually
+from procs import run_script
 
 import serverless_gpu
 from serverless_gpu import distributed
@@ -143,14 +142,7 @@ print("values", sum(o[0] for o in outcomes if not isinstance(o, BaseException)))
 
 
 def test_many_trials_under_a_low_descriptor_limit_all_return(private_roots: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_MANY_TRIALS)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+    done = run_script(textwrap.dedent(_MANY_TRIALS), timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "errors 0 " in done.stdout, done.stdout[-3000:]
     assert f"values {sum(range(1, 151))}" in done.stdout

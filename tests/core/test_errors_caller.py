@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -15,15 +13,14 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from procs import run_script
 
-import serverless_gpu
 from serverless_gpu import ConfigurationError, DistributedError, distributed
 from serverless_gpu.common.errors import PayloadTooLargeError, WaitTimeoutError
 from serverless_gpu.runfiles.serialization import dump_payload
 
 MiB = 2**20
 
-_PACKAGE_PARENT = str(Path(serverless_gpu.__file__).resolve().parent.parent)
 """The checkout under test, also for the scripts these tests start."""
 
 
@@ -64,20 +61,8 @@ def test_full_disk_is_a_distributed_error(tmp_path: Path) -> None:
             print("RAISED", [c.__name__ for c in type(exc).__mro__], exc)
         """
     )
-    env = {
-        **os.environ,
-        "SERVERLESS_GPU_TYPE": "cpu",
-        "SERVERLESS_GPU_RUNS_DIR": str(tmp_path),
-        "PYTHONPATH": _PACKAGE_PARENT,
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=120,
-    )
+    env = {**os.environ, "SERVERLESS_GPU_TYPE": "cpu", "SERVERLESS_GPU_RUNS_DIR": str(tmp_path)}
+    out = run_script(script, env=env, cwd=tmp_path)
     assert "RAISED" in out.stdout, out.stdout + out.stderr
     assert "'DistributedError'" in out.stdout, out.stdout
     assert "File too large" in out.stdout  # the cause, as the system said it

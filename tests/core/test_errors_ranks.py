@@ -5,8 +5,6 @@ with the user's frames and source lines and none of ours."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -15,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from procs import run_script
 
-import serverless_gpu
 from serverless_gpu import (
     DistributedError,
     RankFailedError,
@@ -27,7 +25,6 @@ from serverless_gpu import (
 )
 from serverless_gpu.common.errors import RemoteTraceback
 
-_PACKAGE_PARENT = str(Path(serverless_gpu.__file__).resolve().parent.parent)
 """The checkout under test, also for the scripts these tests start."""
 
 
@@ -83,6 +80,10 @@ def test_result_survives_a_failing_exit_callback_with_stderr_closed() -> None:
     assert closes.distributed() == [0, 1]
 
 
+# A standby rank that formed a gloo group ahead of the call (the module's launcher keeps them)
+# can die of SIGABRT in gloo's loop thread once its descriptors are closed: these run as the
+# first call of a launcher of their own, as before the launcher was shared.
+@pytest.mark.fresh_launcher
 def test_error_survives_closing_every_inherited_descriptor() -> None:
     """The rank's connection to the launcher dies too; the error record in the run directory
     still carries the exception."""
@@ -99,6 +100,10 @@ def test_error_survives_closing_every_inherited_descriptor() -> None:
         closes.distributed()
 
 
+# A standby rank that formed a gloo group ahead of the call (the module's launcher keeps them)
+# can die of SIGABRT in gloo's loop thread once its descriptors are closed: these run as the
+# first call of a launcher of their own, as before the launcher was shared.
+@pytest.mark.fresh_launcher
 def test_return_after_closing_every_inherited_descriptor_is_explained() -> None:
     @distributed(gpus=2, tracking=False)
     def closes() -> int:
@@ -228,20 +233,8 @@ def test_notebook_cell_functions_show_their_cell_and_source(tmp_path: Path) -> N
             shell.run_cell(cell, store_history=True)
         '''
     )
-    env = {
-        **os.environ,
-        "SERVERLESS_GPU_TYPE": "cpu",
-        "SERVERLESS_GPU_WARMUP": "0",
-        "PYTHONPATH": _PACKAGE_PARENT,
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=120,
-    )
+    env = {**os.environ, "SERVERLESS_GPU_TYPE": "cpu", "SERVERLESS_GPU_WARMUP": "0"}
+    out = run_script(script, env=env, cwd=tmp_path)
     assert "Cell In[3], line 4, in flaky_step" in out.stdout, out.stdout + out.stderr
     assert "raise ValueError('from a cell')" in out.stdout
     assert "<dynamic-code>" not in out.stdout

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from eventually import eventually
 
 from serverless_gpu import (
     DistributedError,
@@ -170,7 +171,7 @@ def test_cancel_through_the_handle() -> None:
         time.sleep(60)
 
     handle = forever.start()
-    time.sleep(1.0)
+    eventually(lambda: handle.status is RunStatus.RUNNING, "the run is running")
     handle.cancel("stop it")
     with pytest.raises(DistributedError, match="cancelled: stop it"):
         handle.result(timeout=30)  # a bound, not a speed claim: a loaded machine is slow

@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
+from procs import run_script
 
 import serverless_gpu
 from serverless_gpu import distributed
@@ -22,6 +22,9 @@ from serverless_gpu.runfiles.rundirs import RUNS_DIR_ENV
 from serverless_gpu.wire.events import Event, RankMessage, RankStarted
 
 WaitGone = Callable[..., set[int]]
+
+# Each test is about a launcher's own start, log or end: none starts with the module's launcher.
+pytestmark = pytest.mark.fresh_launcher
 
 _FORKING_CALLER = """
 import os, sys
@@ -44,9 +47,7 @@ print("RESULT", list(handle.result(timeout=60)))
 
 @pytest.mark.timeout(120)
 def test_forked_child_exiting_normally_leaves_the_call_running() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", _FORKING_CALLER], capture_output=True, text=True, timeout=100
-    )
+    out = run_script(_FORKING_CALLER, timeout=100)
     assert "RESULT [1, 1]" in out.stdout, (out.stdout, out.stderr)
 
 
@@ -54,7 +55,6 @@ def test_forked_child_exiting_normally_leaves_the_call_running() -> None:
 def test_children_of_ranks_die_with_a_killed_launcher(gone: WaitGone) -> None:
     @distributed(gpus=2, tracking=False, output="none", standby=False)
     def with_child() -> None:
-        import subprocess
         import time
 
         from serverless_gpu import runtime

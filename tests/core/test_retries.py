@@ -29,6 +29,9 @@ from serverless_gpu.wire.events import OutputLines
 pytestmark = pytest.mark.timeout(240)
 
 
+# Its first attempt's root cause is a race between the crash and the peer's reset connection
+# (seen lost under load, also with a launcher per test); it keeps the conditions it had then.
+@pytest.mark.fresh_launcher
 def test_a_crash_is_retried_from_the_latest_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

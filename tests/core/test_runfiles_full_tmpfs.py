@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from procs import run_script
 
 from serverless_gpu.runfiles.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV
 
@@ -68,7 +69,7 @@ def test_mapped_writer_reports_a_full_tmpfs_as_oserror(mount_tmpfs: MountTmpfs, 
             print("errno", errno.errorcode[exc.errno])
         """
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = run_script(code)
     assert done.returncode != -signal.SIGBUS, "the mapped writer died of SIGBUS"
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["errno", "ENOSPC"]

@@ -169,6 +169,7 @@ def _sleeper() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 
 
+@pytest.mark.fresh_launcher  # the launcher's log goes to this test's runs folder
 def test_launcher_logs_of_gone_callers_are_pruned(
     runs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

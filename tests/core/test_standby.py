@@ -6,10 +6,14 @@ import contextlib
 import time
 
 import psutil
+import pytest
 
 import serverless_gpu
 from serverless_gpu import distributed
 from serverless_gpu.common.proctitle import is_launcher
+
+# The tests count the standby ranks one launcher makes: each starts with a launcher of its own.
+pytestmark = pytest.mark.fresh_launcher
 
 
 def _launcher() -> psutil.Process:

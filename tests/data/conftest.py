@@ -20,6 +20,7 @@ import fsspec
 import psutil
 import pytest
 from data_support import Launch, RankRun, Storage
+from procs import cmdlines, descendants, wait_gone
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -27,25 +28,12 @@ REPO = HERE.parents[1]
 
 @pytest.fixture(autouse=True)
 def no_leaked_children() -> Iterator[None]:
-    """Every test must leave no child process behind (after a short grace period)."""
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
+    """Every test must leave no child process behind (after a short grace period); these
+    tests start no launcher, so this stands in for the suite's check of the same name."""
+    before = descendants()
     yield
-    deadline = time.monotonic() + 10
-    while True:
-        leaked = [p for p in me.children(recursive=True) if p.pid not in before]
-        leaked = [p for p in leaked if _alive(p)]
-        if not leaked or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert not leaked, f"child processes survived the test: {[p.pid for p in leaked]}"
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    leaked = wait_gone(descendants() - before, 10)
+    assert not leaked, f"child processes survived the test: {cmdlines(leaked)}"
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,8 @@ from typing import Any
 import psutil
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
+from procs import alive
+from procs import pid_alive as pid_alive  # the tests import it from here
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -40,24 +42,6 @@ def write_ipython_profile(ipython_dir: Path, *exec_lines: str) -> Path:
         f"c.InteractiveShellApp.exec_lines = {lines!r}\nc.HistoryManager.enabled = False\n"
     )
     return ipython_dir
-
-
-def children() -> dict[int, psutil.Process]:
-    return {p.pid: p for p in psutil.Process().children(recursive=True) if alive(p)}
-
-
-def alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        return alive(psutil.Process(pid))
-    except psutil.NoSuchProcess:
-        return False
 
 
 def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:

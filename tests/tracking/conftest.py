@@ -72,8 +72,10 @@ def experiment_runs(tracking_env: str) -> Callable[[MlflowClient], list[Run]]:
     return runs
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One real server for every test that only reads and writes through it (starting one
+    takes many seconds); the tests tell their runs apart by experiment."""
     server = start_server(tmp_path_factory.mktemp("server"))
     try:
         yield server
