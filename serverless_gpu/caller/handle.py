@@ -64,13 +64,14 @@ def _not_registered(run_id: str) -> RunHandle[Any]:
     raise RuntimeError("serverless_gpu.caller.reattach was not imported (the package face does)")
 
 
-_reattach: list[Callable[[str], RunHandle[Any]]] = [_not_registered]
+_reattach: Callable[[str], RunHandle[Any]] = _not_registered
 """What ``from_run_id`` calls: ``caller/reattach.py`` registers itself here when the package
 face imports it (it builds handles of this class, so this module cannot import it)."""
 
 
 def register_reattach(reattach: Callable[[str], RunHandle[Any]]) -> None:
-    _reattach[0] = reattach
+    global _reattach
+    _reattach = reattach
 
 
 class RunHandle(Generic[R]):
@@ -150,7 +151,7 @@ class RunHandle(Generic[R]):
         process's own handle for its runs; for a run of another kernel or of ``serverless-gpu
         run --detach``, one read from its run directory (status, ``logs``, ``links``, and
         ``result()`` once it has ended; see ``caller/reattach.py``)."""
-        return _reattach[0](run_id)
+        return _reattach(run_id)
 
     # -- feeding (backend thread) ----------------------------------------------------------
 

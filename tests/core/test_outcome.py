@@ -4,6 +4,7 @@ on the exception the caller gets, and one wording of each way a run ends."""
 from __future__ import annotations
 
 import io
+import re
 import signal
 from pathlib import Path
 
@@ -179,9 +180,6 @@ def test_run_finished_is_built_only_by_its_named_constructors() -> None:
     """A positional ``RunFinished(...)`` outside its own module could word an outcome its own
     way; every backend and the launcher use ``succeeded`` / ``rank_failed`` / ``run_failed`` /
     ``stopped``."""
-    import re
-    from pathlib import Path
-
     import serverless_gpu.wire.events as events
 
     package = Path(events.__file__).parents[1]
