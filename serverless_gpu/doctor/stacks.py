@@ -1,7 +1,7 @@
 """Every rank's Python stacks, taken while it runs: the signals, the files and their reading.
 
 Each rank registers ``faulthandler`` on :data:`SIG_STACKS` with a per-rank dump file
-(``rank_doctor.py``). faulthandler's handler is C code run in the signal handler itself, not a
+(``rank/doctor.py``). faulthandler's handler is C code run in the signal handler itself, not a
 Python handler waiting for the main thread's next bytecode, so it dumps a rank whose main thread
 is blocked in a gloo or NCCL call, in ``time.sleep`` or in any other C function. The launcher
 (on a timeout) or the caller (``RunHandle.stacks()``) notes each dump file's size, has the
@@ -166,5 +166,7 @@ def _main_block(block: str) -> str:
     return "\n".join([header, *kept])
 
 
-_WORKER = f'{os.sep}serverless_gpu{os.sep}worker.py"'
-_DOCTOR = f'{os.sep}serverless_gpu{os.sep}rank_doctor.py"'
+# The rank's start (rank/main.py) and its doctor thread (rank/doctor.py), as faulthandler names
+# them; tests/core/test_stacks.py reads a real rank's stacks, so a move of either shows there.
+_WORKER = f'{os.sep}serverless_gpu{os.sep}rank{os.sep}main.py"'
+_DOCTOR = f'{os.sep}serverless_gpu{os.sep}rank{os.sep}doctor.py"'

@@ -42,7 +42,14 @@ def square(x: int) -> dict[str, Any]:
 
 
 def _twin_files(root: Path) -> list[Path]:
-    return [p for p in (root / "shm").rglob("result_*")]
+    # os.walk, not rglob: the finisher removes a run's twin folder while we look, and rglob raises
+    # FileNotFoundError for a folder that vanished between listing and entering it.
+    return [
+        Path(folder, name)
+        for folder, _, names in os.walk(root / "shm")
+        for name in names
+        if name.startswith("result_")
+    ]
 
 
 def test_two_threads_reading_every_handle_get_the_same_values() -> None:

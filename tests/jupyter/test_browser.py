@@ -262,7 +262,7 @@ def _failing_function(page: Any, shots: Path) -> None:
     )
     assert lines[-1].startswith("run directory: "), lines
     text = "\n".join(lines)
-    for internal in ("worker.py", "handle.py", "magics.py", "RemoteTraceback", "<dynamic-code>"):
+    for internal in ("rank/main.py", "handle.py", "magics.py", "RemoteTraceback", "<dynamic-code>"):
         assert internal not in text, text
     _cell(page, 3).locator(".jp-Cell-outputWrapper").screenshot(
         path=str(shots / "widget-error.png")

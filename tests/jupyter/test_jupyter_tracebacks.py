@@ -16,7 +16,7 @@ from serverless_gpu.caller import hooks
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.common.errors import LauncherError
 
-INTERNAL = ("worker.py", "handle.py", "magics.py", "decorator.py", "run_cell_magic")
+INTERNAL = ("rank/main.py", "handle.py", "magics.py", "decorator.py", "run_cell_magic")
 FLAKY = (
     "from serverless_gpu import distributed\n"
     "\n"

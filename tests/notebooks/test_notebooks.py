@@ -160,7 +160,7 @@ def test_demo_notebook(tmp_path: Path, notebook_env: Path, executed: dict[str, E
     assert 'raise ValueError("rank 1 does not like this input")' in error_lines  # quoted source
     assert re.search(r"Cell In\[\d+\], line 5, in cell_\d+", error_lines)
     assert ANSI.sub("", error.traceback[-1]).startswith("run directory: ")
-    assert "worker.py" not in error_lines and "magics.py" not in error_lines
+    assert "rank/main.py" not in error_lines and "magics.py" not in error_lines
     assert "ValueError: rank 1 does not like this input" in _texts(error_cell)  # the summary too
 
     bad = _texts(cells["bad-args"])
