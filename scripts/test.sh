@@ -43,7 +43,10 @@ rm -rf "$site"
 tracked_state() { git diff HEAD --binary 2>/dev/null | sha256sum; }
 before=$(tracked_state)
 status=0
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?
+# Two workers (pytest-xdist), a test module to each at a time (tests/conftest.py groups them):
+# most tests wait on processes they start, so two share two cores well.
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@" \
+  || status=$?
 if [ "$(tracked_state)" != "$before" ]; then
   echo "scripts/test.sh: the test suite changed tracked files:" >&2
   git status --short --untracked-files=no >&2

@@ -65,3 +65,15 @@ def _settled(others: set[int]) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, scripts/test.sh) a test module runs in
+    one worker, so its module fixtures (one launcher, one store) are made once. The Ray tests
+    all share one worker: a driver without an address attaches to any local cluster, and the
+    clusters' default ports (dashboard 8265) would meet."""
+    for item in items:
+        path = item.path.relative_to(item.config.rootpath)
+        group = "ray" if path.parts[:2] == ("tests", "ray") else str(path)
+        item.add_marker(pytest.mark.xdist_group(group))

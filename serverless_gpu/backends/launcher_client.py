@@ -28,6 +28,8 @@ from serverless_gpu.wire.protocol import Exiting, RankGroups, RunAccepted, Shutd
 from serverless_gpu.wire.runspec import RunSpec
 
 _SHUTDOWN_WAIT_S = 3.0
+_READER_JOIN_S = 2.0
+"""How long a stop waits for the reader thread to see the launcher's end (it takes ms)."""
 
 
 class LauncherGone(Exception):
@@ -155,6 +157,23 @@ class LauncherClient:
             return f"was killed because {self.killed_because}"
         return exit_words(code)
 
+    def _close_after_reader(self) -> None:
+        """Close our end only once the reader is out of ``recv``: a close between the reads of a
+        message's header and body made multiprocessing read from a ``None`` handle (a
+        TypeError in the reader thread, printed at the caller's exit), and a close under a
+        blocked read leaves the reader on a freed descriptor. A reader still blocked after
+        the launcher's exit (its end held elsewhere) is woken by shutting the socket down."""
+        if threading.current_thread() is not self.reader:
+            self.reader.join(timeout=_READER_JOIN_S)
+            if self.reader.is_alive():
+                with (
+                    contextlib.suppress(OSError),
+                    socket.socket(fileno=os.dup(self.conn.fileno())) as ours,
+                ):
+                    ours.shutdown(socket.SHUT_RDWR)
+                self.reader.join(timeout=_READER_JOIN_S)
+        self.conn.close()
+
     def forget(self) -> None:
         """In a forked child of the caller: drop our copy of the socket, so that the launcher
         still sees EOF when the caller dies; the child is not its caller."""
@@ -172,7 +191,6 @@ class LauncherClient:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self.conn.close()
-        self.reader.join(timeout=1.0)
+        self._close_after_reader()
         if self.proc.returncode == 0:
             drop_launcher_log(self.log_path)  # a clean exit with nothing to say leaves no file
