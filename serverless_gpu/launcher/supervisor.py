@@ -30,6 +30,7 @@ from serverless_gpu.wire.events import (
     RunStatus,
 )
 from serverless_gpu.wire.outcome import RunOutcome
+from serverless_gpu.wire.session import CELL_DONE
 from serverless_gpu.wire.protocol import (
     GroupReady,
     RankDone,
@@ -218,6 +219,8 @@ class RunSupervisor:
         elif isinstance(message, RankDone):
             self._rank_done(rank, message)
         elif isinstance(message, ToCaller):
+            if message.kind == CELL_DONE:  # a session cell's output goes before its end
+                self.output.read_all(rank)
             self.emit(RankMessage(self.spec.run_id, rank, message.kind, message.data, message.time))
 
     def _rank_done(self, rank: int, message: RankDone) -> None:
