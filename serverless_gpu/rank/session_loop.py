@@ -60,6 +60,10 @@ class _Rank:
         self.inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.running = 0
         """The cell whose code runs now (0: none)."""
+        self.finished = 0
+        """The last cell that ended."""
+        self.cancelled: set[int] = set()
+        """Cells interrupted before they started."""
         self.lock = threading.Lock()
         self.main = threading.main_thread().ident or 0
 
@@ -75,6 +79,8 @@ class _Rank:
                 with self.lock:
                     if self.running == message.number:
                         signal.pthread_kill(self.main, signal.SIGINT)
+                    elif message.number > self.finished:  # not started yet: at its start
+                        self.cancelled.add(message.number)
                 continue
             self.inbox.put(message)
             if message is None or isinstance(message, CloseSession):
@@ -108,10 +114,14 @@ class _Rank:
             with self.lock:
                 self.running = request.number
             try:
+                if request.number in self.cancelled:
+                    raise KeyboardInterrupt
                 value = self.run(request)
             finally:
                 with self.lock:
                     self.running = 0
+                    self.finished = request.number
+                    self.cancelled.discard(request.number)
             return self.answer(request, value)
         except BaseException as exc:  # the cell's failure, whatever it is, goes to the caller
             self.running = 0
