@@ -320,7 +320,7 @@ class DistributedFunction(Generic[P, R]):
         if payload is None:
             limit = max_payload_bytes(cfg.max_payload_bytes)
             payload = dump_payload(self.func, args, kwargs, limit)
-        name = name or getattr(self.func, "__qualname__", "fn")
+        name = name or str(getattr(self.func, "__qualname__", "fn"))
         try:
             run_id, run_dir, results_dir = new_run_dir(name)
         except OSError as exc:

@@ -23,6 +23,7 @@ from typing import Any
 import cloudpickle
 
 from serverless_gpu.api.decorator import DistributedFunction
+from serverless_gpu.caller.handle import RunHandle
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.caller.results import RunResult
 from serverless_gpu.caller.retries import Call
@@ -79,8 +80,13 @@ class Session:
         self.name = name or f"session{next(_numbers)}"
         options.setdefault("hang_warning", None)  # an idle session is silent by design
         config = DistributedConfig(
-            gpus=gpus, gpu_type=gpu_type, tracking=tracking, run_name=run_name or self.name,
-            grace=grace, timeout=timeout, **options,
+            gpus=gpus,
+            gpu_type=gpu_type,
+            tracking=tracking,
+            run_name=run_name or self.name,
+            grace=grace,
+            timeout=timeout,
+            **options,
         )
         self.config = config
         self._max_payload = max_payload_bytes(config.max_payload_bytes)
@@ -146,7 +152,9 @@ class Session:
         except Exception as exc:
             path.with_name(path.name + ".tmp").unlink(missing_ok=True)
             where = describe_unpicklable(self.push, (), values).replace("argument ", "value ")
-            raise SerializationError(f"cannot push to session {self.name!r}: {where}: {exc}") from None
+            raise SerializationError(
+                f"cannot push to session {self.name!r}: {where}: {exc}"
+            ) from None
         try:
             self._finish(self._run.submit(PUSH, str(path)))
         finally:
@@ -163,7 +171,7 @@ class Session:
         try:
             return handle.result()
         except BaseException as exc:
-            raise exc.with_traceback(None) from None
+            raise exc.with_traceback(None)  # noqa: B904 - its own cause is the rank's traceback
 
     def _keep_code(self, number: int, code: str) -> None:
         """Each cell's code in the run directory (``cells/0003.py``); tracking uploads it."""
@@ -179,8 +187,8 @@ class Session:
         return self._run.alive
 
     @property
-    def handle(self) -> Any:
-        """The session's run (``RunHandle``): ``run_dir``, ``links``, ``logs(rank)``, ``stacks()``."""
+    def handle(self) -> RunHandle[Any]:
+        """The session's run: ``run_dir``, ``links``, ``logs(rank)``, ``stacks()``."""
         return self._run.handle
 
     @property
@@ -239,11 +247,12 @@ def _register(session: Session) -> None:
     _open.add(session)
     with _exit_lock:
         if not _exit_registered:
-            atexit.register(_close_all)
+            atexit.register(close_all_sessions)
             _exit_registered = True
 
 
-def _close_all() -> None:
+def close_all_sessions() -> None:
+    """Close every open session of this process (at exit, and by ``shutdown()``)."""
     for session in list(_open):
         try:
             session.close()

@@ -64,9 +64,7 @@ class CellState:
 class SessionRun:
     """The ranks of one session, as the caller drives them."""
 
-    def __init__(
-        self, handle: RunHandle[Any], session_dir: Path, grace: float, name: str
-    ) -> None:
+    def __init__(self, handle: RunHandle[Any], session_dir: Path, grace: float, name: str) -> None:
         self.handle = handle
         self.name = name
         self.session_dir = session_dir
@@ -120,11 +118,17 @@ class SessionRun:
         number = self._next
         self._next += 1
         request = CellRequest(
-            number, kind, data, reform_group=self._reform, results_dir=str(self.results_dir),
+            number,
+            kind,
+            data,
+            reform_group=self._reform,
+            results_dir=str(self.results_dir),
             **fields,
         )
         self._reform = 0
-        self._cells[number] = CellState(number, time.time(), {}, code=str(data) if kind == "exec" else "")
+        self._cells[number] = CellState(
+            number, time.time(), {}, code=str(data) if kind == "exec" else ""
+        )
         self._broadcast(request)
         self.last_used = time.time()
         return CellHandle(self, number)
@@ -159,7 +163,7 @@ class SessionRun:
         cell = self._cells[number]
         ended = self.handle.wait_for(lambda: self.is_done(number) or self._overdue(cell), timeout)
         self.last_used = time.time()
-        if self.is_done(number) or ended and not self._overdue(cell):
+        if self.is_done(number) or (ended and not self._overdue(cell)):
             return
         if self._overdue(cell):
             self._stop_for(cell)
@@ -201,7 +205,10 @@ class SessionRun:
         values = [self._value(a) for a in answers]
         ctx = self.handle.context
         return RunResult(
-            values, run_id=ctx.run_id, run_dir=ctx.run_dir, links=ctx.links,
+            values,
+            run_id=ctx.run_id,
+            run_dir=ctx.run_dir,
+            links=ctx.links,
             metadata={**ctx.metadata, "cell": number},
         )
 
@@ -242,7 +249,7 @@ class SessionRun:
         try:
             self.handle.result()
         except BaseException as exc:
-            raise exc.with_traceback(None) from None
+            raise exc.with_traceback(None)  # noqa: B904 - its own cause is the rank's traceback
         raise SessionEndedError(
             f"session {self.name!r} ended during cell {number} ({self.ended})",
             run_dir=self.handle.run_dir,

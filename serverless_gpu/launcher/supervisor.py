@@ -30,7 +30,6 @@ from serverless_gpu.wire.events import (
     RunStatus,
 )
 from serverless_gpu.wire.outcome import RunOutcome
-from serverless_gpu.wire.session import CELL_DONE
 from serverless_gpu.wire.protocol import (
     GroupReady,
     RankDone,
@@ -39,6 +38,7 @@ from serverless_gpu.wire.protocol import (
     UserCodeStarted,
 )
 from serverless_gpu.wire.runspec import RunSpec
+from serverless_gpu.wire.session import CELL_DONE
 
 _DRAIN_ROUNDS = 64
 """Reads of an exited rank's channel (16 MiB each) before its last messages are given up."""

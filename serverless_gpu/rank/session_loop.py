@@ -11,8 +11,8 @@ interrupt never lands in the middle of a message to the launcher.
 from __future__ import annotations
 
 import ast
-import io
 import builtins
+import io
 import os
 import pickle
 import queue
@@ -154,7 +154,11 @@ class _Rank:
         names = tuple(n for n in self.namespace if not n.startswith("__")) if self.rank == 0 else ()
         inline, path = self.encode(request, value)
         return CellDone(
-            request.number, value=inline, value_file=path, group=_has_group(), names=names,
+            request.number,
+            value=inline,
+            value_file=path,
+            group=_has_group(),
+            names=names,
             peak_memory=_device_memory(),
         )
 
@@ -188,7 +192,9 @@ class _Rank:
             torch.cuda.set_device(runtime.get_local_rank())
             kwargs["device_id"] = runtime.device()
         backend = "gloo" if runtime.is_cpu_mode() else "nccl"
-        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, **kwargs)
+        dist.init_process_group(
+            backend, store=store, rank=self.rank, world_size=self.world, **kwargs
+        )
         if self.rank == 0:
             runtime.send_to_caller(GROUP_NOTE, generation)
 

@@ -104,12 +104,16 @@ def test_cancel_from_another_thread(sess: Session) -> None:
     assert sess.alive
 
 
+added = 0
+"""Set by ``add`` below in the ranks' namespace (this module's copy stays 0)."""
+
+
 def test_run_uses_the_namespace_as_globals(sess: Session) -> None:
     sess.exec("base = 5")
 
     def add(k: int) -> int:
         global added
-        added = base + k  # type: ignore[name-defined]  # noqa: F821 - the session's name
+        added = base + k  # type: ignore[name-defined]  # noqa: F821 - the session's own name
         return added
 
     assert list(sess.run(add, 2)) == [7, 7]

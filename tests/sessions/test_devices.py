@@ -1,0 +1,32 @@
+"""An idle session holds its devices: another call queues for them until the session ends."""
+
+from __future__ import annotations
+
+import pytest
+from eventually import eventually
+
+from serverless_gpu import RunStatus, Session, distributed
+
+
+def _rank() -> int:
+    import os
+
+    return int(os.environ["RANK"])
+
+
+def test_an_idle_session_holds_its_devices(
+    module_launcher: None, cwd: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SERVERLESS_GPU_CPU_SLOTS", "2")
+    sess = Session(gpus=2, gpu_type="cpu", tracking=False, name="holder")
+    try:
+        sess.exec("x = 1")
+        line = sess.status_line()
+        assert "holder: 2 ranks alive on 0, 1" in line and "idle" in line
+        call = distributed(gpus=2, gpu_type="cpu", tracking=False, standby=False)(_rank)
+        handle = call.start()
+        eventually(lambda: handle.status is RunStatus.QUEUED, "the call waits for the session")
+        assert sess.exec("x + 1") == [2, 2]  # the session still serves cells meanwhile
+    finally:
+        sess.close()
+    assert list(handle.result(timeout=60)) == [0, 1]
