@@ -200,7 +200,8 @@ class Session:
         run = self._run
         if not run.alive:
             return f"{self.name}: ended ({run.ended})"
-        devices = ", ".join(run.handle.devices) or "cpu"
+        kind = "CPU slots" if run.handle.context.placement.device == "cpu" else "GPUs"
+        devices = f"{kind} {', '.join(run.handle.devices) or '(queued)'}"
         memory = [m for _, m in sorted(run.memory.items())]
         mem = (
             " / ".join(f"{m / 2**30:.1f}" for m in memory) + " GiB"

@@ -22,7 +22,7 @@ def test_an_idle_session_holds_its_devices(
     try:
         sess.exec("x = 1")
         line = sess.status_line()
-        assert "holder: 2 ranks alive on 0, 1" in line and "idle" in line
+        assert "holder: 2 ranks alive on CPU slots 0, 1" in line and "idle" in line
         call = distributed(gpus=2, gpu_type="cpu", tracking=False, standby=False)(_rank)
         handle = call.start()
         eventually(lambda: handle.status is RunStatus.QUEUED, "the call waits for the session")
