@@ -131,20 +131,36 @@ def main() -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     store = tempfile.mkdtemp(prefix="sessions-bench-")
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
-    rows = [
-        ("empty cell, Session.exec, untracked", session_round_trip(args.ranks, reps, False, gpu_type)),
-        ("empty cell, Session.exec, tracked (MLflow)", session_round_trip(args.ranks, reps, True, gpu_type)),
+    rows: list[tuple[str, float | str]] = [
+        (
+            "empty cell, Session.exec, untracked",
+            session_round_trip(args.ranks, reps, False, gpu_type),
+        ),
+        (
+            "empty cell, Session.exec, tracked (MLflow)",
+            session_round_trip(args.ranks, reps, True, gpu_type),
+        ),
     ]
     if not args.skip_baselines:
-        rows.append(("empty cell, ipyparallel %px (view.execute)", ipyparallel_round_trip(args.ranks, reps)))
-        rows.append(("empty cell, nbdistributed (send_to_all execute)", nbdistributed_round_trip(args.ranks, reps)))
+        rows.append(
+            ("empty cell, ipyparallel %px (view.execute)", ipyparallel_round_trip(args.ranks, reps))
+        )
+        rows.append(
+            (
+                "empty cell, nbdistributed (send_to_all execute)",
+                nbdistributed_round_trip(args.ranks, reps),
+            )
+        )
     push, pull = push_pull_rates(args.ranks, size, gpu_type)
     lines = [
         f"{args.ranks} ranks; median of {reps} round trips; {size >> 20} MiB tensor per rank",
         "",
         "| what | figure |",
         "| --- | --- |",
-        *(f"| {name} | {value:.2f} ms |" if isinstance(value, float) else f"| {name} | {value} |" for name, value in rows),
+        *(
+            f"| {name} | {value:.2f} ms |" if isinstance(value, float) else f"| {name} | {value} |"
+            for name, value in rows
+        ),
         f"| push, {size >> 20} MiB to every rank | {push:.2f} GB/s |",
         f"| pull, {size >> 20} MiB from every rank | {pull:.2f} GB/s |",
     ]

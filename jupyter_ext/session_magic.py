@@ -22,6 +22,8 @@ from serverless_gpu.api.decorator import DEFAULT_TIMEOUT
 from serverless_gpu.api.session import Session
 from serverless_gpu.caller.results import RunResult
 
+from .hook import widgets_wanted
+
 _sessions: dict[str, tuple[Session, dict[str, Any]]] = {}
 """Sessions by name, with the options they were started with (``restart``)."""
 
@@ -57,7 +59,13 @@ def run_cell(
     # One blank line for the magic's own line: tracebacks quote the cell's own line numbers.
     code = "\n" + cell
     names = _shipped(code, shell.user_ns, session)
-    result = session.exec(code, filename=f"<%%distributed In[{count}]>", names=names)
+    cell_handle = session.start_exec(code, filename=f"<%%distributed In[{count}]>", names=names)
+    if widgets_wanted(shell):
+        from .session_view import run_with_widget
+
+        result = run_with_widget(shell, session, cell_handle)
+    else:
+        result = cell_handle.result()
     if not quiet and any(v is not None for v in result):
         for rank, value in enumerate(result):
             print(f"Out[{count}:{rank}]: {value!r}")

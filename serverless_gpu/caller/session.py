@@ -28,7 +28,7 @@ from serverless_gpu.common.errors import (
     with_failures,
 )
 from serverless_gpu.runfiles.serialization import load_result
-from serverless_gpu.wire.events import Event, RankMessage
+from serverless_gpu.wire.events import Event, RankMessage, RankStarted
 from serverless_gpu.wire.session import (
     CELL_DONE,
     CellDone,
@@ -81,6 +81,7 @@ class SessionRun:
         """Why the session ended (None while it lives)."""
         self.last_used = time.time()
         self.memory: dict[int, int] = {}
+        self.pids: dict[int, int] = {}
         self.names: frozenset[str] = frozenset()
         """The names rank 0's namespace held after the last cell."""
         self.notes: list[Callable[[str], None]] = []
@@ -89,6 +90,8 @@ class SessionRun:
     # -- events ------------------------------------------------------------------------------
 
     def _on_event(self, event: Event) -> None:
+        if isinstance(event, RankStarted):
+            self.pids[event.rank] = event.pid
         if isinstance(event, RankMessage) and event.kind == CELL_DONE:
             done: CellDone = event.data
             cell = self._cells.get(done.number)

@@ -8,7 +8,7 @@ import re
 
 import psutil
 import pytest
-from jupyter_helpers import Kernel, wait_gone
+from jupyter_helpers import Kernel, KernelFactory, wait_gone
 
 START = "%%distributed --session s gpus=2 gpu_type=cpu --no-tracking\n"
 CELL = "%%distributed --session s\n"
@@ -19,7 +19,8 @@ def _pids(out_text: str, count: int) -> list[int]:
 
 
 @pytest.mark.timeout(180)
-def test_session_cells_keep_state_and_show_every_rank(kernel: Kernel) -> None:
+def test_session_cells_keep_state_and_show_every_rank(make_kernel: KernelFactory) -> None:
+    kernel = make_kernel(SERVERLESS_GPU_DISPLAY="text")
     first = kernel.run(
         START + "import os, torch\nx = torch.ones(2) * (int(os.environ['RANK']) + 1)\nos.getpid()"
     )
@@ -62,7 +63,8 @@ def test_session_cells_keep_state_and_show_every_rank(kernel: Kernel) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_ctrl_c_interrupts_a_session_cell_and_keeps_the_session(kernel: Kernel) -> None:
+def test_ctrl_c_interrupts_a_session_cell_and_keeps_the_session(make_kernel: KernelFactory) -> None:
+    kernel = make_kernel(SERVERLESS_GPU_DISPLAY="text")
     started = kernel.run(START + "import os, time\nos.getpid()")
     assert not started.errors, started.all_text
     ranks = [
@@ -79,3 +81,28 @@ def test_ctrl_c_interrupts_a_session_cell_and_keeps_the_session(kernel: Kernel) 
     )
     kernel.close()
     assert not wait_gone(ranks, 10.0)
+
+
+@pytest.mark.timeout(180)
+def test_the_widgets_cancel_interrupts_the_cell_and_keeps_the_session(
+    make_kernel: KernelFactory,
+) -> None:
+    kernel = make_kernel(SERVERLESS_GPU_DISPLAY="widget")
+    started = kernel.run(START + "import os, time\nos.getpid()")
+    assert not started.errors, started.all_text
+    pids = sorted(map(int, re.findall(r"Out\[\d+:\d\]: (\d+)", started.all_text)))
+    assert "s cell 1" in started.all_text  # the cell's widget (its text form)
+    cell = kernel.start(CELL + "time.sleep(60)")
+    assert kernel.collect(cell, 30, until=lambda: _button(cell, "Cancel") is not None)
+    kernel.click(_button(cell, "Cancel") or "")
+    assert kernel.collect(cell, 10, until=lambda: cell.done)
+    assert "CancelledError" in cell.all_text and "interrupted" in cell.all_text, cell.all_text
+    assert "cancelled" in cell.text[-1]  # the record's text form
+    after = kernel.run(CELL + "os.getpid()")
+    assert sorted(map(int, re.findall(r"Out\[\d+:\d\]: (\d+)", after.all_text))) == pids
+
+
+def _button(out: object, description: str) -> str | None:
+    comms = getattr(out, "comms", [])
+    found = [c for c in comms if c["data"]["state"].get("description") == description]
+    return found[0]["comm_id"] if found else None
