@@ -8,7 +8,7 @@ import re
 
 import psutil
 import pytest
-from jupyter_helpers import Kernel, KernelFactory, wait_gone
+from jupyter_helpers import KernelFactory, wait_gone
 
 START = "%%distributed --session s gpus=2 gpu_type=cpu --no-tracking\n"
 CELL = "%%distributed --session s\n"
