@@ -87,8 +87,11 @@ class CellWidget:
         root = rank_of(exc)
         if root is not None:
             failed.add(root)
+        cancelled = isinstance(exc, CancelledError)
         for rank in range(self.world):
             state = RankState.FAILED if rank in failed else RankState.DONE
+            if cancelled:
+                state = RankState.STOPPED
             self.renderer(RankFinished(self.run_id, rank, state, None, None, now, ""))
         if isinstance(exc, CancelledError) or not failures:
             status = RunStatus.CANCELLED if isinstance(exc, CancelledError) else RunStatus.FAILED
