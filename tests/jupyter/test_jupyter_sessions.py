@@ -106,3 +106,18 @@ def _button(out: object, description: str) -> str | None:
     comms = getattr(out, "comms", [])
     found = [c for c in comms if c["data"]["state"].get("description") == description]
     return found[0]["comm_id"] if found else None
+
+
+@pytest.mark.timeout(180)
+def test_kernel_shutdown_closes_the_session(make_kernel: KernelFactory) -> None:
+    kernel = make_kernel(SERVERLESS_GPU_DISPLAY="text")
+    started = kernel.run(START + "import os\nos.getpid()")
+    ranks = [psutil.Process(p) for p in _pids(started.all_text, _count(started.all_text))]
+    assert len(ranks) == 2, started.all_text
+    kernel.client.stop_channels()
+    kernel.manager.shutdown_kernel(now=False)  # as JupyterLab's "Shut Down Kernel" asks
+    assert not wait_gone(ranks, 15.0)
+
+
+def _count(text: str) -> int:
+    return int(re.findall(r"Out\[(\d+):0\]", text)[0])
