@@ -80,7 +80,7 @@ def _shipped(code: str, user_ns: dict[str, Any], session: Session) -> dict[str, 
     except SyntaxError:
         return {}  # exec reports it with the cell's line
     read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    held = session._run.names
+    held = session.core.names
     return {
         n: user_ns[n]
         for n in sorted(read)

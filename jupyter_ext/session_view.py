@@ -37,7 +37,7 @@ class CellWidget:
     def __init__(self, shell: Any, session: Session, cell: CellHandle) -> None:
         from .widget import WidgetRenderer
 
-        run = session._run
+        run = session.core
         self.handle = run.handle
         spec = replace(self.handle.context.spec, name=f"{session.name} cell {cell.number}")
         ctx = RunContext(spec)
@@ -65,10 +65,10 @@ class CellWidget:
         ticks = self.ctx.idle_callbacks
         handle.idle_callbacks.extend(ticks)
         try:
-            with muted(handle._subscribers):
+            with muted(handle.subscribers):
                 yield
         finally:
-            handle._subscribers.remove(self)
+            handle.unsubscribe(self)
             for tick in ticks:
                 handle.idle_callbacks.remove(tick)
 

@@ -100,7 +100,8 @@ class Session:
             ctx.metadata["session"] = self.name
 
         handle = function._start_with(Call(), (), {}, prepare=prepare, name=self.name)
-        self._run = SessionRun(handle, session_dirs[0], grace, self.name)
+        self.core = SessionRun(handle, session_dirs[0], grace, self.name)
+        """The caller's side of the ranks (``caller/session.py``)."""
         self.started = time.time()
         _register(self)
 
@@ -117,13 +118,13 @@ class Session:
         """Start ``code`` in every rank; the handle's ``result()`` waits. ``names``: values for
         names the namespace lacks (set only where missing). Code that does not compile raises
         its ``SyntaxError`` here, before any rank runs it."""
-        self._run.check_alive()
-        number = self._run._next
+        self.core.check_alive()
+        number = self.core._next
         filename = filename or f"<session {self.name} cell {number}>"
         compile(code, filename, "exec")
         fallback = _fallback(names or {}) if names else None
         self._keep_code(number, code)
-        return self._run.submit(EXEC, code, filename=filename, label=label, fallback=fallback)
+        return self.core.submit(EXEC, code, filename=filename, label=label, fallback=fallback)
 
     def exec(self, code: str, **kwargs: Any) -> RunResult[Any]:
         """Run ``code`` in every rank's namespace; per rank, the value of its last line when
@@ -132,9 +133,9 @@ class Session:
         return self._finish(self.start_exec(code, **kwargs))
 
     def start_run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> CellHandle:
-        self._run.check_alive()
+        self.core.check_alive()
         payload = dump_payload(fn, args, kwargs, self._max_payload)
-        return self._run.submit(RUN, payload)
+        return self.core.submit(RUN, payload)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> RunResult[Any]:
         """``fn(*args, **kwargs)`` in every rank with the session's namespace as its globals:
@@ -145,8 +146,8 @@ class Session:
     def push(self, **values: Any) -> None:
         """Set these names in every rank's namespace (tensors arrive on the CPU, mapped)."""
         __tracebackhide__ = True
-        self._run.check_alive()
-        path = self._run.results_dir / f"push-{self._run._next:04d}.pkl"
+        self.core.check_alive()
+        path = self.core.results_dir / f"push-{self.core._next:04d}.pkl"
         try:
             dump_result(values, path, 1)
         except Exception as exc:
@@ -156,7 +157,7 @@ class Session:
                 f"cannot push to session {self.name!r}: {where}: {exc}"
             ) from None
         try:
-            self._finish(self._run.submit(PUSH, str(path)))
+            self._finish(self.core.submit(PUSH, str(path)))
         finally:
             path.unlink(missing_ok=True)
 
@@ -164,7 +165,7 @@ class Session:
         """The value of ``name`` in each rank, in rank order; ``NameError`` names a rank
         without it."""
         __tracebackhide__ = True
-        return list(self._finish(self._run.submit(PULL, name)))
+        return list(self._finish(self.core.submit(PULL, name)))
 
     def _finish(self, handle: CellHandle) -> RunResult[Any]:
         __tracebackhide__ = True
@@ -175,7 +176,7 @@ class Session:
 
     def _keep_code(self, number: int, code: str) -> None:
         """Each cell's code in the run directory (``cells/0003.py``); tracking uploads it."""
-        folder = self._run.handle.run_dir / "cells"
+        folder = self.core.handle.run_dir / "cells"
         folder.mkdir(exist_ok=True)
         (folder / f"{number:04d}.py").write_text(code)
 
@@ -184,20 +185,20 @@ class Session:
     @property
     def alive(self) -> bool:
         """The ranks are up and serve cells."""
-        return self._run.alive
+        return self.core.alive
 
     @property
     def handle(self) -> RunHandle[Any]:
         """The session's run: ``run_dir``, ``links``, ``logs(rank)``, ``stacks()``."""
-        return self._run.handle
+        return self.core.handle
 
     @property
     def world_size(self) -> int:
-        return self._run.world
+        return self.core.world
 
     def status_line(self) -> str:
         """One line: ranks, devices, memory per GPU, idle time (``%distributed_session list``)."""
-        run = self._run
+        run = self.core
         if not run.alive:
             return f"{self.name}: ended ({run.ended})"
         kind = "CPU slots" if run.handle.context.placement.device == "cpu" else "GPUs"
@@ -216,7 +217,7 @@ class Session:
 
     def close(self) -> None:
         """End the ranks (the MLflow run ends FINISHED); nothing is left behind."""
-        self._run.close()
+        self.core.close()
         _open.discard(self)
 
     def __enter__(self) -> Session:

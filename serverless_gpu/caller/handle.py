@@ -181,6 +181,14 @@ class RunHandle(Generic[R]):
     def subscribe(self, subscriber: Subscriber) -> None:
         self._subscribers.append(subscriber)
 
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        """Stop dispatching to ``subscriber`` (a session cell's widget once the cell ends)."""
+        self._subscribers.remove(subscriber)
+
+    @property
+    def subscribers(self) -> list[Subscriber]:
+        return list(self._subscribers)
+
     def poll(self, blocking: bool = True) -> bool:
         """Dispatch every queued event; True once the run has finished. Not ``blocking``: when
         another thread is dispatching, leave the events to it."""

@@ -40,6 +40,7 @@ from serverless_gpu.wire.session import (
 )
 
 _CLOSE_WAIT_S = 10.0
+_KEPT_CELLS = 100
 
 
 class SessionEndedError(DistributedError):
@@ -58,7 +59,8 @@ class CellState:
     started: float
     answers: dict[int, CellDone]
     interrupted_at: float | None = None
-    code: str = ""
+    outcome: tuple[RunResult[Any] | None, BaseException | None] | None = None
+    """Built once (a value file is read once); every ``result()`` gets it."""
 
 
 class SessionRun:
@@ -129,9 +131,8 @@ class SessionRun:
             **fields,
         )
         self._reform = 0
-        self._cells[number] = CellState(
-            number, time.time(), {}, code=str(data) if kind == "exec" else ""
-        )
+        self._cells[number] = CellState(number, time.time(), {})
+        self._cells.pop(number - _KEPT_CELLS, None)  # a long session keeps no old answers
         self._broadcast(request)
         self.last_used = time.time()
         return CellHandle(self, number)
@@ -156,6 +157,9 @@ class SessionRun:
         if cell.interrupted_at is None:
             cell.interrupted_at = time.monotonic()
         self._broadcast(Interrupt(number))
+
+    def cell(self, number: int) -> CellState | None:
+        return self._cells.get(number)
 
     def is_done(self, number: int) -> bool:
         return len(self._cells[number].answers) == self.world
@@ -195,6 +199,19 @@ class SessionRun:
         cell = self._cells[number]
         if not self.is_done(number):
             self._raise_ended(number)
+        if cell.outcome is None:
+            try:
+                cell.outcome = (self._build_outcome(cell), None)
+            except Exception as exc:
+                cell.outcome = (None, exc)
+        result, error = cell.outcome
+        if error is not None:
+            raise error.with_traceback(None)
+        assert result is not None
+        return result
+
+    def _build_outcome(self, cell: CellState) -> RunResult[Any]:
+        number = cell.number
         answers = [cell.answers[r] for r in range(self.world)]
         errors = [a.error for a in answers if a.error is not None]
         if errors and any(a.group for a in answers):
@@ -306,7 +323,9 @@ class CellHandle:
         ended before the cell did)."""
         if not self.done():
             return "running"
-        cell = self.session._cells[self.number]
+        cell = self.session.cell(self.number)
+        if cell is None:
+            return "forgotten"  # one of the oldest cells of a long session
         if len(cell.answers) < self.session.world:
             return "ended"
         errors = [a.error for a in cell.answers.values() if a.error is not None]
