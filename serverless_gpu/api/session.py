@@ -192,6 +192,11 @@ class Session:
         """The session's run: ``run_dir``, ``links``, ``logs(rank)``, ``stacks()``."""
         return self.core.handle
 
+    def stacks(self, timeout: float = 5.0) -> dict[int, str]:
+        """Every rank's Python stacks now (all threads), without stopping the cell: where a
+        cell that does not return is (the hang doctor's view, as ``RunHandle.stacks``)."""
+        return self.core.handle.stacks(timeout)
+
     @property
     def world_size(self) -> int:
         return self.core.world

@@ -147,3 +147,19 @@ def test_pull_of_a_missing_name_says_which_rank_lacks_it(sess: Session) -> None:
     sess.exec("if r == 0:\n    only_on_0 = 1")
     with pytest.raises(NameError, match="rank 1"):
         sess.pull("only_on_0")
+
+
+def test_stacks_show_where_a_running_cell_is(sess: Session) -> None:
+    handle = sess.start_exec(
+        "import time\ndef waiting_for_data():\n    time.sleep(60)\n"
+        "print('waiting', flush=True)\nwaiting_for_data()"
+    )
+    for rank in (0, 1):
+        eventually(lambda r=rank: "waiting" in sess.handle.logs(r), f"rank {rank} in the cell")
+    found = sess.stacks()
+    assert sorted(found) == [0, 1]
+    assert all("waiting_for_data" in text for text in found.values()), found
+    handle.cancel()
+    with pytest.raises(CancelledError):
+        handle.result(timeout=10)
+    assert sess.alive
