@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from eventually import eventually
+from procs import launcher_family
 
 from serverless_gpu import RunStatus, Session, distributed
 
@@ -30,3 +31,18 @@ def test_an_idle_session_holds_its_devices(
     finally:
         sess.close()
     assert list(handle.result(timeout=60)) == [0, 1]
+
+
+def test_the_warm_group_is_the_sessions_group(module_launcher: None, cwd: None) -> None:
+    # A call of the session's shape first: its end makes the standby set the session takes.
+    call = distributed(gpus=2, gpu_type="cpu", tracking=False)(_rank)
+    assert list(call.distributed()) == [0, 1]
+    eventually(lambda: len(launcher_family()) == 3, "the launcher and 2 standby ranks")
+    with Session(gpus=2, gpu_type="cpu", tracking=False, name="warm") as sess:
+        assert list(sess.exec("import torch.distributed as dist\ndist.is_initialized()")) == [
+            True,
+            True,
+        ]
+        total = sess.exec("import torch\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
+        assert list(total) == [2.0, 2.0]
+        assert list(sess.exec("dist.is_initialized()")) == [True, True]
