@@ -29,6 +29,12 @@ _sessions: dict[str, tuple[Session, dict[str, Any]]] = {}
 
 
 def session_options(args: Any) -> dict[str, Any]:
+    if args.remote or args.backend == "ray":
+        raise UsageError(
+            "--session runs on this machine: sessions on a Ray cluster are not supported yet"
+        )
+    if args.run_async:
+        raise UsageError("--session cells wait for their ranks: --async is for one-off cells")
     return {
         "gpus": args.gpus,
         "gpu_type": args.gpu_type,
