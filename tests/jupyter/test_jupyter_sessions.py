@@ -49,6 +49,10 @@ def test_session_cells_keep_state_and_show_every_rank(make_kernel: KernelFactory
     assert "ValueError: bad value" in text and "line 4" in text and "rank 1" in text, text
     assert "raise ValueError('bad value')" in text
 
+    bad = kernel.run(CELL + "z = 1\nz = (1,\n")
+    assert "line 3" in bad.all_text and "SyntaxError" in bad.all_text, bad.all_text
+    assert "z = (1," in bad.all_text and "Traceback" not in bad.all_text
+
     listed = kernel.run("%distributed_session list")
     assert "s: 2 ranks alive" in listed.all_text and "idle" in listed.all_text
 
