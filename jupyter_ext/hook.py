@@ -49,6 +49,9 @@ def render_run(ctx: RunContext) -> Renderer | None:
     """Run hook: show this run in the notebook (or terminal) it was started from."""
     from IPython import get_ipython
 
+    if "session" in ctx.metadata:
+        return None  # a session's output goes to each cell that waits on it, as text
+
     shell = get_ipython()
     if shell is None:
         return None  # a plain script: the core's console printer is the right display

@@ -54,7 +54,8 @@ class _Loaded:
         cell_magics = self.shell.magics_manager.magics.get("cell", {})
         for name in _MAGIC_NAMES:
             cell_magics.pop(name, None)
-        self.shell.magics_manager.magics.get("line", {}).pop("distributed_stacks", None)
+        for line_magic in ("distributed_stacks", "distributed_session"):
+            self.shell.magics_manager.magics.get("line", {}).pop(line_magic, None)
 
 
 _loaded: _Loaded | None = None

@@ -54,7 +54,7 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected True or False, not {text!r}")
 
 
-def _identifier(text: str) -> str:
+def identifier(text: str) -> str:
     if not text.isidentifier() or keyword.iskeyword(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a valid Python name")
     return text
@@ -129,7 +129,7 @@ def result_arguments(func: F) -> F:
         argument(
             "--out",
             "-o",
-            type=_identifier,
+            type=identifier,
             default=None,
             help="Store the list of every rank's value in this variable.",
         ),

@@ -29,7 +29,7 @@ from serverless_gpu.doctor import stacks
 from serverless_gpu.doctor.stack_text import where
 from serverless_gpu.wire.config import DistributedConfig
 
-from . import magic_args
+from . import magic_args, session_magic
 from .cellfunc import EmptyCellError, build_cell_function
 from .hook import abandon_unstarted, last_run, renderer_for
 from .traceback_text import HEADLINE, Labeler, attach, clean_traceback, ipython_labeler
@@ -60,6 +60,13 @@ class DistributedMagics(Magics):
     @magic_args.run_arguments
     @magic_args.result_arguments
     @argument(
+        "--session",
+        type=magic_args.identifier,
+        default=None,
+        help="Run in the persistent session of this name (the first such cell starts it; "
+        "state stays from cell to cell). See %%distributed_session.",
+    )
+    @argument(
         "--async",
         dest="run_async",
         action="store_true",
@@ -75,9 +82,12 @@ class DistributedMagics(Magics):
         shell = self.shell
         assert shell is not None
         args = magic_args.parse(self.distributed, line)
-        config = self._config(args)
         count = _cell_number(shell)
         label = ipython_labeler(shell)
+        if args.session:
+            self._session_cell(args, cell, count, label)
+            return None
+        config = self._config(args)
         try:
             cell_function = build_cell_function(
                 cell,
@@ -104,6 +114,29 @@ class DistributedMagics(Magics):
         if cell_function.has_value and not cell.rstrip().endswith(";"):
             return result
         return None
+
+    def _session_cell(self, args: Any, cell: str, count: int, label: Labeler) -> None:
+        __tracebackhide__ = True
+        shell = self.shell
+        assert shell is not None
+        options = session_magic.session_options(args)
+        quiet = cell.rstrip().endswith(";")
+        try:
+            result = _reporting(
+                shell,
+                label,
+                lambda: session_magic.run_cell(shell, args.session, options, cell, count, quiet),
+            )
+        except SyntaxError as exc:
+            raise CellSyntaxError(exc, label) from None
+        if args.out:
+            shell.user_ns[args.out] = result
+
+    @line_magic
+    def distributed_session(self, line: str) -> None:
+        """``list`` the notebook's sessions (ranks, devices, memory, idle time), ``stop NAME``
+        or ``restart NAME`` one (a restart starts with a fresh namespace)."""
+        session_magic.session_command(line)
 
     @line_magic
     def distributed_stacks(self, line: str) -> None:

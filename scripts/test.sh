@@ -28,7 +28,7 @@ fi
 # The other test folders each have a conftest.py (one module name), so each is checked alone
 # (pyproject's [tool.mypy] files has the rest).
 for dir in tests/conftest.py tests/cli tests/data tests/jupyter tests/tracking tests/trainers \
-  tests/ray; do
+  tests/ray tests/sessions; do
   .venv/bin/mypy "$dir"
 done
 # Notebooks are stored without outputs or execution counts (tests/notebooks executes them).

@@ -24,6 +24,7 @@ from serverless_gpu.api.decorator import (
     warm_up,
 )
 from serverless_gpu.api.ray_launch import ray_launch
+from serverless_gpu.api.session import Session, SessionEndedError
 from serverless_gpu.api.shutdown import shutdown
 from serverless_gpu.api.sweep import sweep
 from serverless_gpu.backends.ray.connect import ray_init
@@ -89,6 +90,8 @@ __all__ = [
     "RunResult",
     "RunStatus",
     "SerializationError",
+    "Session",
+    "SessionEndedError",
     "StorageError",
     "UsageError",
     "WaitTimeoutError",

@@ -307,9 +307,12 @@ class DistributedFunction(Generic[P, R]):
         kwargs: dict[str, Any],
         trial: int | None = None,
         payload: bytes | None = None,
+        prepare: Callable[[RunContext], None] | None = None,
+        name: str | None = None,
     ) -> RunHandle[R]:
         """Start one run; ``payload``: the call already pickled (``map`` pickles every item
-        before it starts any)."""
+        before it starts any); ``prepare``: called with the run's context before the hooks
+        (a session makes its FIFOs there); ``name``: the run's name (the function's)."""
         cfg = self.config
         settings.check()  # before anything exists: no run directory, MLflow run or launcher
         cwd = _working_directory()
@@ -317,7 +320,7 @@ class DistributedFunction(Generic[P, R]):
         if payload is None:
             limit = max_payload_bytes(cfg.max_payload_bytes)
             payload = dump_payload(self.func, args, kwargs, limit)
-        name = getattr(self.func, "__qualname__", "fn")
+        name = name or str(getattr(self.func, "__qualname__", "fn"))
         try:
             run_id, run_dir, results_dir = new_run_dir(name)
         except OSError as exc:
@@ -329,6 +332,8 @@ class DistributedFunction(Generic[P, R]):
         ctx.env[settings.ATTEMPT.name] = str(call.attempt)
         if trial is not None:
             ctx.metadata.update(trial=trial, params=trial_params(args, kwargs, self.func))
+        if prepare is not None:
+            prepare(ctx)
         subscribers = run_hooks(ctx)
         if not ctx.display_claimed:
             subscribers.insert(0, ConsolePrinter(cfg.output))

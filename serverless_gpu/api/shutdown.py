@@ -6,11 +6,14 @@ from __future__ import annotations
 
 def shutdown() -> None:
     """Stop the launcher and every rank it started (also done automatically at exit), and
-    the calls running on a Ray cluster."""
+    the calls running on a Ray cluster. Open sessions are closed first (their MLflow runs end
+    FINISHED)."""
     from serverless_gpu.api.decorator import join_prewarm
+    from serverless_gpu.api.session import close_all_sessions
     from serverless_gpu.backends.local import default_backend
     from serverless_gpu.backends.ray import stop_ray_calls
 
+    close_all_sessions()
     join_prewarm()
     default_backend().shutdown()
     stop_ray_calls()

@@ -181,6 +181,14 @@ class RunHandle(Generic[R]):
     def subscribe(self, subscriber: Subscriber) -> None:
         self._subscribers.append(subscriber)
 
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        """Stop dispatching to ``subscriber`` (a session cell's widget once the cell ends)."""
+        self._subscribers.remove(subscriber)
+
+    @property
+    def subscribers(self) -> list[Subscriber]:
+        return list(self._subscribers)
+
     def poll(self, blocking: bool = True) -> bool:
         """Dispatch every queued event; True once the run has finished. Not ``blocking``: when
         another thread is dispatching, leave the events to it."""
@@ -205,8 +213,13 @@ class RunHandle(Generic[R]):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the run finishes (True) or ``timeout`` seconds pass (False)."""
+        return self.wait_for(lambda: False, timeout)
+
+    def wait_for(self, condition: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Dispatch events until ``condition()`` holds or the run finishes (True), or
+        ``timeout`` seconds pass (False); a persistent session waits for its cells here."""
         deadline = deadline_of(timeout)
-        while not self.poll():
+        while not self.poll() and not condition():
             remaining = _SLICE_S if deadline is None else min(_SLICE_S, deadline - time.monotonic())
             if remaining <= 0:
                 return False

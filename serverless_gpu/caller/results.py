@@ -106,7 +106,7 @@ def _run_exception(
     root = failures[0]
     error_path = paths.error(root.rank)
     if error_path.exists():
-        return _exception_from_record(load_from_file(error_path), root, run_dir)
+        return exception_from_record(load_from_file(error_path), root, run_dir)
     return RankFailedError(root, run_dir=run_dir)
 
 
@@ -152,7 +152,7 @@ def timeout_error(
     )
 
 
-def _exception_from_record(
+def exception_from_record(
     record: ErrorRecord, failure: RankFailure, run_dir: Path
 ) -> BaseException:
     kind = record.kind

@@ -144,7 +144,9 @@ def _mark_main(text: str, main_ident: str) -> str:
     marked and put first, its frames below the user's function (the rank's start, forked from
     the launcher's loop) are left out, and so is our doctor thread; the raw dumps stay in
     ``RunPaths.stacks_dumps``."""
-    blocks = [b for b in text.split("\n\n") if b.strip() and _DOCTOR not in b]
+    blocks = [
+        b for b in text.split("\n\n") if b.strip() and _DOCTOR not in b and not _session_reader(b)
+    ]
     main = [b for b in blocks if main_ident and _is_thread(b, main_ident)]
     others = [b for b in blocks if b not in main]
     shown = [_main_block(b) for b in main[:1]] + others
@@ -155,13 +157,21 @@ def _is_thread(block: str, ident: str) -> bool:
     return block.startswith((f"Current thread 0x{ident}", f"Thread 0x{ident}"))
 
 
+def _session_reader(block: str) -> bool:
+    """A persistent session's thread that reads the caller's cells (``rank/session_loop.py``)."""
+    return any(_SESSION in line and line.endswith(" in read") for line in block.splitlines())
+
+
+_SESSION = f'{os.sep}serverless_gpu{os.sep}rank{os.sep}session_loop.py"'
+
+
 def _main_block(block: str) -> str:
     header, _, frames = block.partition("\n")
     header = "Main thread 0x" + header.split(" 0x", 1)[1]
     kept = []
     for line in frames.splitlines():
-        if line.startswith("  File ") and _WORKER in line:
-            break
+        if line.startswith("  File ") and (_WORKER in line or _SESSION in line):
+            break  # the rank's start, or a persistent session's loop of cells
         kept.append(line)
     return "\n".join([header, *kept])
 

@@ -38,6 +38,7 @@ from serverless_gpu.wire.protocol import (
     UserCodeStarted,
 )
 from serverless_gpu.wire.runspec import RunSpec
+from serverless_gpu.wire.session import CELL_DONE
 
 _DRAIN_ROUNDS = 64
 """Reads of an exited rank's channel (16 MiB each) before its last messages are given up."""
@@ -218,6 +219,8 @@ class RunSupervisor:
         elif isinstance(message, RankDone):
             self._rank_done(rank, message)
         elif isinstance(message, ToCaller):
+            if message.kind == CELL_DONE:  # a session cell's output goes before its end
+                self.output.read_all(rank)
             self.emit(RankMessage(self.spec.run_id, rank, message.kind, message.data, message.time))
 
     def _rank_done(self, rank: int, message: RankDone) -> None:

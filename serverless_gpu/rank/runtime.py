@@ -131,6 +131,7 @@ def init_process_group(timeout: timedelta | None = None, **kwargs: Any) -> None:
 
 _channel: Callable[[str, Any], None] | None = None
 _exit_callbacks: list[Callable[[], None]] = []
+_cell_callbacks: list[Callable[[], None]] = []
 
 
 def connect(channel: Callable[[str, Any], None]) -> None:
@@ -156,3 +157,20 @@ def run_exit_callbacks() -> None:
     user's function has ended."""
     while _exit_callbacks:
         _exit_callbacks.pop(0)()
+
+
+def on_cell_end(callback: Callable[[], None]) -> None:
+    """Run ``callback`` after each cell of a persistent session, before the cell's answer
+    (a metrics flush: the cell's points reach the caller with it)."""
+    _cell_callbacks.append(callback)
+
+
+def run_cell_callbacks() -> None:
+    """The session loop calls it after each cell; a failing callback is printed, not raised."""
+    for callback in list(_cell_callbacks):
+        try:
+            callback()
+        except Exception:
+            import traceback
+
+            traceback.print_exc()

@@ -28,6 +28,7 @@ def install() -> None:
     run_id = settings.MLFLOW_RUN_ID.read()
     buffer = RankBuffer(run_id, settings.MLFLOW_FLUSH_INTERVAL.read(), runtime.send_to_caller)
     runtime.on_rank_exit(buffer.close)
+    runtime.on_cell_end(buffer.flush)
     if "mlflow" in sys.modules:
         _patch(buffer)
     else:

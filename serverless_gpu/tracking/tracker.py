@@ -31,6 +31,7 @@ from serverless_gpu.tracking.settings import MESSAGE_KIND, RANK_INITIALIZER
 from serverless_gpu.tracking.spill import Spill
 from serverless_gpu.tracking.writer import Writer
 from serverless_gpu.wire.events import Event, RankMessage, RunFinished, RunStarted, SystemMetrics
+from serverless_gpu.wire.session import CELL_DONE
 
 _open: set[RunTracker] = set()
 """Trackers whose run has not ended; ended as KILLED if the caller exits first."""
@@ -139,6 +140,8 @@ class RunTracker:
                 self.writer.batch(event.rank, event.time, event.data)
             else:
                 self.spill.write("batch", event.rank, event.time, event.data)
+        elif isinstance(event, RankMessage) and event.kind == CELL_DONE and event.rank == 0:
+            self._keep_cell(event.data.number)
         elif isinstance(event, SystemMetrics) and self.writer is not None:
             self.writer.system(event.time, event.values)
         elif isinstance(event, RunStarted):
@@ -147,6 +150,14 @@ class RunTracker:
             self._finish(mlflow_status(event), outcome_tags(event, self.ctx.paths))
         if self.writer is not None and self.writer.failure is not None:
             self.warn_untracked(self.writer.failure, started=True)
+
+    def _keep_cell(self, number: int) -> None:
+        """A session cell's code as the run's artifact ``cells/0003.py`` (pull and push cells
+        have none)."""
+        path = self.ctx.run_dir / "cells" / f"{number:04d}.py"
+        writer = self.writer
+        if writer is not None and path.exists():
+            writer.run_later(partial(writer.client.log_artifact, writer.run_id, str(path), "cells"))
 
     def abandon(self) -> None:
         """The caller exits before the run finished: mark it KILLED."""

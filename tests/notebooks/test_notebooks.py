@@ -34,6 +34,7 @@ LIMITS = {
     "07_magic_and_widget": 300,
     "08_sweeps": 300,
     "09_migration": 300,
+    "10_sessions": 300,
 }
 
 

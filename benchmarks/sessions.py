@@ -1,0 +1,174 @@
+"""Persistent sessions: an empty cell's round trip (untracked and tracked) beside ipyparallel's
+``%px`` on engines of the same machine and nbdistributed's workers, measured side by side in
+one run; and push / pull of a 1 GiB tensor per rank.
+
+    .venv/bin/python benchmarks/sessions.py [--ranks 2] [--reps 300] [--quick] [--out FILE]
+
+ipyparallel and nbdistributed are not dependencies of the project: where they are not
+importable their rows say so (``pip install ipyparallel nbdistributed``, or put them on
+``PYTHONPATH``). The caller never touches CUDA; on a GPU machine the ranks hold one GPU each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _median_ms(step: Callable[[], object], reps: int, warm: int = 20) -> float:
+    for _ in range(warm):
+        step()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def session_round_trip(ranks: int, reps: int, tracking: bool, gpu_type: str | None) -> float:
+    from serverless_gpu import Session
+
+    with Session(gpus=ranks, gpu_type=gpu_type, tracking=tracking, output="none") as sess:
+        sess.exec("")  # the ranks are up
+        return _median_ms(lambda: sess.exec(""), reps)
+
+
+def ipyparallel_round_trip(ranks: int, reps: int) -> float | str:
+    try:
+        import ipyparallel as ipp
+    except ImportError:
+        return "not installed"
+    cluster = ipp.Cluster(n=ranks, log_level=40)
+    client = cluster.start_and_connect_sync()
+    try:
+        client.wait_for_engines(ranks, timeout=120)
+        view = client[:]
+        view.block = True
+        # What %px does: execute on every engine and wait for every engine's reply.
+        return _median_ms(lambda: view.execute("", silent=False), reps)
+    finally:
+        client.close()
+        cluster.stop_cluster_sync()
+
+
+def nbdistributed_round_trip(ranks: int, reps: int) -> float | str:
+    try:
+        from nbdistributed.communication import CommunicationManager
+        from nbdistributed.process_manager import ProcessManager
+    except ImportError:
+        return "not installed"
+    manager = ProcessManager()
+    try:
+        port = manager.start_workers(ranks, "localhost", None)
+        comm = CommunicationManager(ranks, port)
+        try:
+            # Its ROUTER socket drops what it sends before a worker has connected: ask until
+            # every worker answers.
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    comm.send_to_all("get_status", {}, timeout=1.0)
+                    break
+                except TimeoutError:
+                    if time.monotonic() > deadline:
+                        raise
+            return _median_ms(lambda: comm.send_to_all("execute", ""), reps)
+        finally:
+            comm.shutdown()
+    except Exception as exc:  # a baseline that does not start here is reported, not fatal
+        return f"did not start: {type(exc).__name__}: {exc}"
+    finally:
+        manager.shutdown()
+
+
+def push_pull_rates(ranks: int, size: int, gpu_type: str | None) -> tuple[float, float]:
+    """GB/s of ``push`` (one tensor of ``size`` bytes to every rank) and of ``pull`` (one such
+    tensor from every rank: ranks x size bytes)."""
+    import torch
+
+    from serverless_gpu import Session
+
+    values = torch.ones(size // 4, dtype=torch.float32)
+    with Session(gpus=ranks, gpu_type=gpu_type, tracking=False, output="none") as sess:
+        sess.exec("import torch")
+        pushes, pulls = [], []
+        for _ in range(3):
+            start = time.perf_counter()
+            sess.push(big=values)
+            pushes.append(time.perf_counter() - start)
+            sess.exec("big = big + 1")  # a fresh tensor in each rank, as a training state is
+            start = time.perf_counter()
+            got = sess.pull("big")
+            pulls.append(time.perf_counter() - start)
+            assert float(got[-1][-1]) == 2.0
+            del got
+        sess.exec("del big")
+    return size / min(pushes) / 1e9, ranks * size / min(pulls) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=300)
+    parser.add_argument("--cpu", action="store_true", help="CPU ranks even with GPUs")
+    parser.add_argument("--quick", action="store_true", help="CI size: few reps, 64 MiB")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--skip-baselines", action="store_true")
+    args = parser.parse_args()
+    reps = 20 if args.quick else args.reps
+    size = (64 if args.quick else 1024) << 20
+    gpu_type = "cpu" if args.cpu else None
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    store = tempfile.mkdtemp(prefix="sessions-bench-")
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
+    rows: list[tuple[str, float | str]] = [
+        (
+            "empty cell, Session.exec, untracked",
+            session_round_trip(args.ranks, reps, False, gpu_type),
+        ),
+        (
+            "empty cell, Session.exec, tracked (MLflow)",
+            session_round_trip(args.ranks, reps, True, gpu_type),
+        ),
+    ]
+    if not args.skip_baselines:
+        rows.append(
+            ("empty cell, ipyparallel %px (view.execute)", ipyparallel_round_trip(args.ranks, reps))
+        )
+        rows.append(
+            (
+                "empty cell, nbdistributed (send_to_all execute)",
+                nbdistributed_round_trip(args.ranks, reps),
+            )
+        )
+    push, pull = push_pull_rates(args.ranks, size, gpu_type)
+    lines = [
+        f"{args.ranks} ranks; median of {reps} round trips; {size >> 20} MiB tensor per rank",
+        "",
+        "| what | figure |",
+        "| --- | --- |",
+        *(
+            f"| {name} | {value:.2f} ms |" if isinstance(value, float) else f"| {name} | {value} |"
+            for name, value in rows
+        ),
+        f"| push, {size >> 20} MiB to every rank | {push:.2f} GB/s |",
+        f"| pull, {size >> 20} MiB from every rank | {pull:.2f} GB/s |",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""``%%distributed --session NAME``: cells that run in a persistent session's ranks.
+
+    %%distributed --session train gpus=2     # the first cell of a name starts the session
+    model = build()
+    %%distributed --session train            # later cells run in the same rank processes
+    loss.item()
+
+Each rank's value of the last expression is shown as ``Out[n:rank]`` (ipyparallel's habit);
+names the cell reads that the session lacks come from the notebook. ``%distributed_session
+list | stop NAME | restart NAME`` manages them. Sessions end with the kernel.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from serverless_gpu.api.decorator import DEFAULT_TIMEOUT
+from serverless_gpu.api.session import Session
+from serverless_gpu.caller.results import RunResult
+
+from .hook import widgets_wanted
+
+_sessions: dict[str, tuple[Session, dict[str, Any]]] = {}
+"""Sessions by name, with the options they were started with (``restart``)."""
+
+
+def session_options(args: Any) -> dict[str, Any]:
+    if args.remote or args.backend == "ray":
+        raise UsageError(
+            "--session runs on this machine: sessions on a Ray cluster are not supported yet"
+        )
+    if args.run_async:
+        raise UsageError("--session cells wait for their ranks: --async is for one-off cells")
+    return {
+        "gpus": args.gpus,
+        "gpu_type": args.gpu_type,
+        "tracking": args.tracking,
+        "run_name": args.name,
+        "output": args.output,
+        "timeout": None if args.timeout == DEFAULT_TIMEOUT else args.timeout,
+    }
+
+
+def get_or_start(name: str, options: dict[str, Any]) -> Session:
+    known = _sessions.get(name)
+    if known is not None:
+        return known[0]
+    if options.get("run_name") is None:
+        options["run_name"] = name
+    session = Session(name=name, **options)
+    _sessions[name] = (session, options)
+    return session
+
+
+def run_cell(
+    shell: Any, name: str, options: dict[str, Any], cell: str, count: int, quiet: bool
+) -> RunResult[Any]:
+    """Run ``cell`` in session ``name``; its per-rank values (shown as ``Out[n:rank]``)."""
+    __tracebackhide__ = True
+    session = get_or_start(name, options)
+    # One blank line for the magic's own line: tracebacks quote the cell's own line numbers.
+    code = "\n" + cell
+    names = _shipped(code, shell.user_ns, session)
+    cell_handle = session.start_exec(code, filename=f"<%%distributed In[{count}]>", names=names)
+    if widgets_wanted(shell):
+        from .session_view import run_with_widget
+
+        result = run_with_widget(shell, session, cell_handle)
+    else:
+        result = cell_handle.result()
+    if not quiet and any(v is not None for v in result):
+        for rank, value in enumerate(result):
+            print(f"Out[{count}:{rank}]: {value!r}")
+    print(f"serverless_gpu: {session.status_line()}")
+    return result
+
+
+def _shipped(code: str, user_ns: dict[str, Any], session: Session) -> dict[str, Any]:
+    """Notebook values of the names the cell reads that the session does not hold."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return {}  # exec reports it with the cell's line
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    held = session.core.names
+    return {
+        n: user_ns[n]
+        for n in sorted(read)
+        if n in user_ns and n not in held and not hasattr(builtins, n) and not n.startswith("_")
+    }
+
+
+def session_command(line: str) -> None:
+    words = line.split()
+    if (
+        not words
+        or words[0] not in ("list", "stop", "restart")
+        or (words[0] != "list" and len(words) != 2)
+    ):
+        raise UsageError("usage: %distributed_session list | stop NAME | restart NAME")
+    command = words[0]
+    if command == "list":
+        if not _sessions:
+            print("serverless_gpu: no sessions")
+        for session, _ in _sessions.values():
+            print(session.status_line())
+        return
+    name = words[1]
+    if name not in _sessions:
+        raise UsageError(f"no session named {name!r} (known: {', '.join(_sessions) or 'none'})")
+    session, options = _sessions.pop(name)
+    session.close()
+    print(f"serverless_gpu: session {name!r} stopped")
+    if command == "restart":
+        fresh = get_or_start(name, options)
+        print(
+            f"serverless_gpu: session {name!r} restarted (a fresh namespace): {fresh.status_line()}"
+        )
+
+
+def close_all() -> None:
+    """At kernel shutdown: every session's ranks end (MLflow FINISHED)."""
+    while _sessions:
+        session, _ = _sessions.popitem()[1]
+        session.close()

@@ -1,0 +1,115 @@
+"""A session cell drawn as a call is: the run widget (every rank's output live, Cancel,
+Stacks), replaced by a static record when the cell ends.
+
+The cell is shown as a run of its own (named ``<session> cell <n>``) fed from the session's
+event stream while the cell runs, begun and ended by events made here from the cell's
+outcome; the session's console printer stays quiet meanwhile (the widget shows the lines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from serverless_gpu.api.session import Session
+from serverless_gpu.caller.follow import muted
+from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.caller.session import CellHandle
+from serverless_gpu.common.describe import describe_value
+from serverless_gpu.common.errors import CancelledError, failures_of, rank_of
+from serverless_gpu.wire.events import (
+    OutputLines,
+    RankFinished,
+    RankMessage,
+    RanksSilent,
+    RankStarted,
+    RankState,
+    RunFinished,
+    RunStarted,
+    RunStatus,
+)
+
+
+class CellWidget:
+    def __init__(self, shell: Any, session: Session, cell: CellHandle) -> None:
+        from .widget import WidgetRenderer
+
+        run = session.core
+        self.handle = run.handle
+        spec = replace(self.handle.context.spec, name=f"{session.name} cell {cell.number}")
+        ctx = RunContext(spec)
+        ctx.links.update(self.handle.context.links)
+        ctx.metadata.update(self.handle.context.metadata)
+        ctx.set_canceller(lambda *args, **kwargs: cell.cancel())
+        ctx.set_stacks_taker(self.handle.stacks)
+        self.ctx = ctx
+        self.run_id = spec.run_id
+        self.world = run.world
+        self.renderer = WidgetRenderer(ctx, shell)
+        now = time.time()
+        self.renderer(RunStarted.of(spec, now))
+        for rank in range(self.world):
+            self.renderer(RankStarted(self.run_id, rank, run.pids.get(rank, 0), now))
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, OutputLines | RankMessage | RanksSilent):
+            self.renderer(event)
+
+    @contextlib.contextmanager
+    def following(self) -> Iterator[None]:
+        handle = self.handle
+        handle.subscribe(self)
+        ticks = self.ctx.idle_callbacks
+        handle.idle_callbacks.extend(ticks)
+        try:
+            with muted(handle.subscribers):
+                yield
+        finally:
+            handle.unsubscribe(self)
+            for tick in ticks:
+                handle.idle_callbacks.remove(tick)
+
+    def succeeded(self, values: list[Any]) -> None:
+        now = time.time()
+        for rank, value in enumerate(values):
+            summary = describe_value(value)
+            self.renderer(RankFinished(self.run_id, rank, RankState.DONE, None, None, now, summary))
+        self.renderer(RunFinished.succeeded(self.run_id, now))
+        self.renderer.show_results([describe_value(v) for v in values])
+
+    def failed(self, exc: BaseException) -> None:
+        now = time.time()
+        failures = failures_of(exc)
+        failed = {f.rank for f in failures}
+        root = rank_of(exc)
+        if root is not None:
+            failed.add(root)
+        cancelled = isinstance(exc, CancelledError)
+        for rank in range(self.world):
+            state = RankState.FAILED if rank in failed else RankState.DONE
+            if cancelled:
+                state = RankState.STOPPED
+            self.renderer(RankFinished(self.run_id, rank, state, None, None, now, ""))
+        if isinstance(exc, CancelledError) or not failures:
+            status = RunStatus.CANCELLED if isinstance(exc, CancelledError) else RunStatus.FAILED
+            finished = RunFinished.stopped(self.run_id, status, str(exc).splitlines()[0], (), now)
+        else:
+            finished = RunFinished.rank_failed(self.run_id, failures, (), now)
+        self.renderer(finished)
+
+
+def run_with_widget(shell: Any, session: Session, cell: CellHandle) -> Any:
+    """Wait for ``cell`` with its widget drawn; its values, or its error raised."""
+    __tracebackhide__ = True
+    widget = CellWidget(shell, session, cell)
+    with widget.following():
+        try:
+            result = cell.result()
+        except BaseException as exc:
+            widget.failed(exc)
+            raise
+    widget.succeeded(list(result))
+    return result

@@ -1,0 +1,105 @@
+"""What a persistent session's caller and ranks say to each other about cells.
+
+The caller writes :class:`CellRequest`, :class:`Interrupt` and :class:`CloseSession` frames into
+one FIFO per rank in the session's folder of the run directory (``session_fifo``); the ranks
+answer each cell with a :class:`CellDone` through ``runtime.send_to_caller`` (kind
+``CELL_DONE``), which reaches the caller as a ``RankMessage`` in the run's one event stream, after
+the output the rank wrote during the cell.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from serverless_gpu.wire.protocol import ErrorRecord
+
+CELL_DONE = "serverless_gpu.session.cell"
+"""``RankMessage.kind`` of a rank's answer to a cell."""
+GROUP_NOTE = "serverless_gpu.session.group"
+"""``RankMessage.kind`` of a rank's note that it re-formed its process group."""
+
+EXEC, RUN, PUSH, PULL = "exec", "run", "push", "pull"
+
+_HEADER = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class CellRequest:
+    number: int
+    kind: str
+    """``EXEC`` (``data``: the code), ``RUN`` (cloudpickled ``(fn, args, kwargs)``), ``PUSH``
+    (``data``: the path of the values' file) or ``PULL`` (``data``: the name)."""
+    data: Any
+    filename: str = ""
+    """The code's file name in tracebacks (``EXEC``)."""
+    label: str | None = None
+    """How tracebacks name that file (``Cell In[4]``)."""
+    reform_group: int = 0
+    """Non-zero: destroy the process group and form generation ``reform_group`` first (a
+    collective of the last cell broke it)."""
+    fallback: bytes | None = None
+    """Pickled ``{name: value}`` from the caller for names the namespace lacks (a magic cell's
+    notebook names); set only where missing."""
+    results_dir: str = ""
+    """Where a value too large for a message is written."""
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    number: int
+
+
+@dataclass(frozen=True)
+class CloseSession:
+    pass
+
+
+@dataclass(frozen=True)
+class CellDone:
+    number: int
+    error: ErrorRecord | None = None
+    value: bytes | None = None
+    """The cell's value pickled (small values), or None with ``value_file``."""
+    value_file: str = ""
+    group: bool = False
+    """A default process group exists after the cell."""
+    names: tuple[str, ...] = ()
+    """The namespace's names after the cell (rank 0 only)."""
+    peak_memory: int = 0
+    """Bytes of device memory allocated now in this rank (CUDA), 0 in CPU mode."""
+
+
+def session_fifo(session_dir: Path | str, rank: int) -> Path:
+    return Path(session_dir) / f"in_{rank}"
+
+
+def write_frame(fd: int, message: object) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(_HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def read_frame(fd: int) -> object | None:
+    """The next message, or None at EOF (every writer closed: the caller is gone)."""
+    header = _read_exact(fd, _HEADER.size)
+    if header is None:
+        return None
+    body = _read_exact(fd, _HEADER.unpack(header)[0])
+    return None if body is None else pickle.loads(body)
+
+
+def _read_exact(fd: int, size: int) -> bytes | None:
+    chunks = []
+    while size:
+        chunk = os.read(fd, size)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)

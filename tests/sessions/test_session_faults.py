@@ -1,0 +1,90 @@
+"""A rank that dies, or does not come back from an interrupt, ends the session: a clear error,
+``alive`` False, the next use says how to restart, and no process is left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+from eventually import eventually
+from procs import run_script, wait_gone
+
+from serverless_gpu import CancelledError, RankFailedError, Session, SessionEndedError, rank_of
+
+
+@pytest.fixture
+def fresh(module_launcher: None, cwd: None) -> Iterator[Session]:
+    session = Session(gpus=2, gpu_type="cpu", tracking=False, name="faulty", grace=1.0)
+    yield session
+    session.close()
+
+
+def _pids(session: Session) -> list[int]:
+    return list(session.exec("import os\nos.getpid()"))
+
+
+def test_a_rank_that_exits_ends_the_session(fresh: Session) -> None:
+    pids = _pids(fresh)
+    with pytest.raises(RankFailedError, match="rank 1") as info:
+        fresh.exec("if os.environ['RANK'] == '1':\n    os._exit(3)\nimport time\ntime.sleep(30)")
+    assert rank_of(info.value) == 1
+    assert "exit" in str(info.value)
+    assert not fresh.alive
+    with pytest.raises(SessionEndedError, match="restart"):
+        fresh.exec("1")
+    assert not wait_gone(pids, 10.0)
+
+
+def test_a_rank_killed_between_cells_ends_the_session(fresh: Session) -> None:
+    pids = _pids(fresh)
+    os.kill(pids[0], signal.SIGKILL)
+    eventually(lambda: not fresh.alive, "the session sees its rank's death")
+    with pytest.raises(SessionEndedError, match="SIGKILL"):
+        fresh.exec("1")
+    assert not wait_gone(pids, 10.0)
+
+
+def test_a_rank_that_ignores_the_interrupt_is_stopped_after_grace(fresh: Session) -> None:
+    pids = _pids(fresh)
+    handle = fresh.start_exec(
+        "import time\n"
+        "print('entered', flush=True)\n"
+        "while True:\n"
+        "    try:\n"
+        "        time.sleep(30)\n"
+        "    except KeyboardInterrupt:\n"
+        "        if os.environ['RANK'] == '0':\n"
+        "            break\n"
+    )
+    for rank in (0, 1):
+        eventually(lambda r=rank: "entered" in fresh.handle.logs(r), f"rank {rank} in the cell")
+    handle.cancel()
+    with pytest.raises(CancelledError, match=r"rank 1 did not come back within 1 s"):
+        handle.result(timeout=20)
+    assert not fresh.alive
+    with pytest.raises(SessionEndedError, match="did not come back"):
+        fresh.exec("1")
+    assert not wait_gone(pids, 10.0)
+
+
+_CALLER = textwrap.dedent(
+    """
+    import os, sys
+    from serverless_gpu import Session
+    sess = Session(gpus=2, gpu_type="cpu", tracking=False)
+    print("PIDS", *sess.exec("import os\\nos.getpid()"), flush=True)
+    if sys.argv[1] == "kill":
+        os.kill(os.getpid(), 9)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_the_callers_end_leaves_no_rank(how: str, tmp_path: os.PathLike[str]) -> None:
+    done = run_script(_CALLER, how, cwd=tmp_path, timeout=120)
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("PIDS ")] or [done.stderr]
+    pids = [int(p) for p in line.split()[1:]]
+    assert not wait_gone(pids, 10.0)
