@@ -58,18 +58,22 @@ def reserve(
     timeout: float,
     stop: Callable[[], str | None],
     accelerator: str | None = None,
+    waiting: Callable[[float], None] = lambda waited: None,
 ) -> Reservation:
     """Reserve the ranks' bundles, waiting at most ``timeout`` seconds (and not past ``stop()``
-    returning a reason); the group is removed again on any failure."""
+    returning a reason); ``waiting(seconds)`` is called while the group is not ready. The
+    group is removed again on any failure."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
     asked = bundles(world_size, device, cpus_per_rank, accelerator)
     group = placement_group(asked, strategy="PACK")
     try:
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         ready = group.ready()
         while not ray.wait([ready], timeout=_SLICE_S)[0]:
+            waiting(time.monotonic() - start)
             reason = stop()
             if reason is not None:
                 raise _Stopped(reason)

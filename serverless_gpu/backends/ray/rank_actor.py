@@ -117,8 +117,8 @@ class RankActor:
         threading.Thread(target=self._flush_loop, daemon=True, name="rank-events").start()
 
     def where(self, want_port: bool) -> dict[str, Any]:
-        """Where this rank landed: node, address, the GPUs Ray gave it, and (for rank 0) a
-        free port on its node for the process group's store."""
+        """Where this rank landed: node, address, the GPUs Ray gave it, and (for rank 0) two
+        free ports on its node: for a process group's store, and for the next call's."""
         import ray
 
         ctx = ray.get_runtime_context()
@@ -131,6 +131,7 @@ class RankActor:
             "main_thread": f"{self._main_ident:016x}",
             "gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])],
             "port": _free_port(ip) if want_port else None,
+            "next_port": _free_port(ip) if want_port else None,
         }
 
     def form_group(self, plan: Any) -> bool:

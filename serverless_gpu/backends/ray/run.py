@@ -52,6 +52,10 @@ _WARM_S = 5.0
 died under them, a rank whose group formation waits for a dead peer) and starts fresh ones."""
 
 
+_MAKE_WAY_S = 0.3
+"""How long a reservation waits before the standby sets are released to make room for it."""
+
+
 class _WarmLost(Exception):
     """A standby actor did not answer: the call starts fresh actors instead."""
 
@@ -83,6 +87,7 @@ class RayRun:
         """The call's ranks take the process group formed ahead among their standby set."""
         self.warm = False
         """The call runs on standby actors."""
+        self.made_way = False
         self.job = ""
         self.outcome = RunOutcome(self.ctx.run_id)
         self.values: list[Any] = []
@@ -178,11 +183,18 @@ class RayRun:
         world = len(self.ranks)
         accelerator = ray_accelerator(self.ctx.placement.gpu_type.value)
         self.reservation = reserve(
-            world, self.device, self.cpus, timeout, self._stop_reason, accelerator
+            world, self.device, self.cpus, timeout, self._stop_reason, accelerator, self._waiting
         )
         self.sink = _make_sink(ray)
         self._start_actors(ray, self.cpus)
         self._locate(ray)
+
+    def _waiting(self, waited: float) -> None:
+        """The cluster has no room for the call's ranks yet: idle standby actors (of other
+        shapes or environments) make way first."""
+        if waited >= _MAKE_WAY_S and not self.made_way:
+            self.made_way = True
+            self.standby.release_all()
 
     # -- standby actors -------------------------------------------------------------------------
 
@@ -198,12 +210,15 @@ class RayRun:
             release(found)
             return False
         self.reservation, self.sink = found.reservation, found.sink
-        for r, actor in zip(self.ranks, found.actors, strict=True):
+        for r, actor, place in zip(self.ranks, found.actors, found.places, strict=True):
             r.actor, r.node_rank = actor, found.reservation.node_rank[r.rank]
+            r.place = place
         self.sink.clear.remote()
         try:
-            self._locate(ray, warm_by=time.monotonic() + _WARM_S)
+            # Their group formed (or failed to) only if every actor was there to answer.
             formed = ray.get(found.group, timeout=_WARM_S) if found.group else []
+            if not found.group:
+                self._locate(ray, warm_by=time.monotonic() + _WARM_S)
         except (_WarmLost, ray.exceptions.RayError):
             release(found)
             self.reservation = self.sink = None
@@ -233,17 +248,20 @@ class RayRun:
         if idle_s <= 0 or self.reservation is None:
             return False
         try:
-            plans: list[GroupPlan | None] = [None] * len(self.ranks)
-            if self.spec.config.warm_process_group:
-                where = ray.get(self.ranks[0].actor.where.remote(True), timeout=_CALL_S)
-                plans = [self._group_plan(r, where) for r in self.ranks]
-            group = [r.actor.form_group.remote(p) for r, p in zip(self.ranks, plans, strict=True)]
+            # Two ports of rank 0's node: the group's formed now, and the next call's own.
+            where = ray.get(self.ranks[0].actor.where.remote(True), timeout=_CALL_S)
         except Exception:  # rank 0's actor is gone: nothing to keep
             return False
+        plans: list[GroupPlan | None] = [None] * len(self.ranks)
+        if self.spec.config.warm_process_group:
+            plans = [self._group_plan(r, where) for r in self.ranks]
+        group = [r.actor.form_group.remote(p) for r, p in zip(self.ranks, plans, strict=True)]
         if not self.spec.config.warm_process_group:
             group = []
+        places = [dict(r.place) for r in self.ranks]
+        places[0]["port"] = where["next_port"]
         actors = [r.actor for r in self.ranks]
-        kept = ActorSet(self.shape, self.reservation, actors, self.sink, self.job, group)
+        kept = ActorSet(self.shape, self.reservation, actors, self.sink, self.job, places, group)
         self.standby.keep(kept, idle_s)
         return True
 

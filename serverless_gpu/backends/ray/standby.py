@@ -37,6 +37,8 @@ class ActorSet:
     sink: Any
     job: str
     """The Ray job the actors belong to (they die with it)."""
+    places: list[dict[str, Any]] = field(default_factory=list)
+    """Where each rank runs (``RankActor.where``); rank 0's ``port`` is the next call's."""
     group: list[Any] = field(default_factory=list)
     """Each rank's ``form_group`` reference: True once its process group is formed."""
     idle_since: float = 0.0
