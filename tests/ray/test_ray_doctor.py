@@ -54,7 +54,7 @@ def test_stacks_while_it_runs_then_the_timeout_names_each_ranks_frame() -> None:
     assert set(found) == {0, 1, 2, 3}, found
     assert found[1].startswith("Main thread 0x") and "in stuck_here" in found[1], found[1]
     assert "in barrier" in found[0], found[0]
-    assert not handle.done, "the run went on"
+    assert not handle.done(), "the run went on"
     with pytest.raises(DistributedTimeoutError) as info:
         handle.result(timeout=120)
     text = str(info.value)
@@ -74,8 +74,8 @@ def test_a_silent_rank_is_named_and_nothing_is_stopped(
     assert "rank 0 silent" not in out
 
 
-def test_max_retries_starts_the_call_again_on_the_cluster() -> None:
+def test_max_retries_starts_a_crashed_call_again_on_the_cluster() -> None:
     fn = distributed(gpus=4, gpu_type="cpu", remote=True, max_retries=1, timeout=180)(
-        ray_fns.rank1_fails_on_the_first_attempt
+        ray_fns.rank1_dies_on_the_first_attempt
     )
     assert list(fn.distributed()) == [1, 1, 1, 1]
