@@ -105,6 +105,7 @@ class RankActor:
     in the replies of the event thread's polls, so they are taken while the call runs."""
 
     def __init__(self, run_id: str, rank: int, sink: Any) -> None:
+        self.started = time.time()
         self.run_id = run_id
         self.rank = rank
         self._sink = sink
@@ -128,6 +129,7 @@ class RankActor:
             "ip": ip,
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "started": self.started,
             "main_thread": f"{self._main_ident:016x}",
             "gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])],
             "port": _free_port(ip) if want_port else None,

@@ -17,12 +17,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from serverless_gpu.backends.ray import doctor
+from serverless_gpu.backends.ray import doctor, waiting
 from serverless_gpu.backends.ray.doctor import STACKS, STOP
 from serverless_gpu.backends.ray.placement import (
     PlacementError,
     Reservation,
     _Stopped,
+    bundles,
     ray_accelerator,
     reserve,
 )
@@ -41,6 +42,7 @@ from serverless_gpu.wire.events import (
     RankStarted,
     RankState,
     RunStatus,
+    RunWaiting,
 )
 from serverless_gpu.wire.outcome import RunOutcome
 
@@ -54,6 +56,9 @@ died under them, a rank whose group formation waits for a dead peer) and starts 
 
 _MAKE_WAY_S = 0.3
 """How long a reservation waits before the standby sets are released to make room for it."""
+_SAY_AFTER_S = 1.0
+_SAY_EVERY_S = 2.0
+"""A reservation that waits this long is announced; what it lacks is checked this often."""
 
 
 class _WarmLost(Exception):
@@ -88,6 +93,9 @@ class RayRun:
         self.warm = False
         """The call runs on standby actors."""
         self.made_way = False
+        self.asked_bundles: list[dict[str, float]] = []
+        self.said_waiting = ""
+        self.next_say = 0.0
         self.job = ""
         self.outcome = RunOutcome(self.ctx.run_id)
         self.values: list[Any] = []
@@ -182,19 +190,36 @@ class RayRun:
         timeout = settings.RAY_RESERVE_TIMEOUT.read(self.spec.env)
         world = len(self.ranks)
         accelerator = ray_accelerator(self.ctx.placement.gpu_type.value)
+        self.asked_bundles = bundles(world, self.device, self.cpus, accelerator)
+        never = waiting.never_fits(ray, self.asked_bundles)
+        if never is not None:
+            raise PlacementError(never)
         self.reservation = reserve(
             world, self.device, self.cpus, timeout, self._stop_reason, accelerator, self._waiting
         )
+        if self.said_waiting:
+            self.push(RunWaiting(self.ctx.run_id, "", time.time()))
         self.sink = _make_sink(ray)
         self._start_actors(ray, self.cpus)
         self._locate(ray)
 
     def _waiting(self, waited: float) -> None:
         """The cluster has no room for the call's ranks yet: idle standby actors (of other
-        shapes or environments) make way first."""
+        shapes or environments) make way first; then the console and the widget are told
+        what is missing, again whenever that changes."""
         if waited >= _MAKE_WAY_S and not self.made_way:
             self.made_way = True
             self.standby.release_all()
+        now = time.monotonic()
+        if waited < _SAY_AFTER_S or now < self.next_say:
+            return
+        import ray
+
+        self.next_say = now + _SAY_EVERY_S
+        text = waiting.waiting_text(ray, self.asked_bundles)
+        if text != self.said_waiting:
+            self.said_waiting = text
+            self.push(RunWaiting(self.ctx.run_id, text, time.time()))
 
     # -- standby actors -------------------------------------------------------------------------
 
