@@ -12,6 +12,7 @@ import faulthandler
 import fcntl
 import io
 import os
+import pickle
 import socket
 import struct
 import sys
@@ -22,8 +23,11 @@ import time
 from collections import deque
 from typing import Any
 
+import cloudpickle
+
 from serverless_gpu.backends.ray import doctor
 from serverless_gpu.backends.ray.doctor import STACKS, STOP
+from serverless_gpu.backends.ray.ranks import HostCopy
 from serverless_gpu.common.describe import describe_value
 from serverless_gpu.common.errors import (
     RAISED,
@@ -187,7 +191,7 @@ class RankActor:
         except BaseException as exc:  # the user's failure goes back to the caller
             return self._error(exc, RAISED, worker.qualified_type(exc), exception_message(exc))
         try:
-            ref = ray.put(result)
+            ref = ray.put(_host_copy(result))
         except Exception as exc:  # cannot be serialized: say which rank and which type
             return self._error(
                 exc, UNPICKLABLE_RESULT, worker.qualified_type(result), exception_message(exc)
@@ -234,6 +238,26 @@ class RankActor:
 
 
 _POLL_S = 0.3
+
+
+def _host_copy(result: Any) -> Any:
+    """``result`` itself, or a :class:`HostCopy` of it where it holds CUDA tensors (Ray's
+    pickling would bring them back onto a GPU in the caller, which may have none)."""
+    torch: Any = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return result
+    found: list[bool] = []
+
+    class HostPickler(cloudpickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor) and obj.is_cuda:
+                found.append(True)
+                return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+            return super().reducer_override(obj)
+
+    buffer = io.BytesIO()
+    HostPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(result)
+    return HostCopy(buffer.getvalue()) if found else result
 
 
 def _all_stacks() -> str:

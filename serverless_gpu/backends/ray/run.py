@@ -27,7 +27,7 @@ from serverless_gpu.backends.ray.placement import (
     ray_accelerator,
     reserve,
 )
-from serverless_gpu.backends.ray.ranks import LIVE, RayRank, rank_environment
+from serverless_gpu.backends.ray.ranks import LIVE, HostCopy, RayRank, rank_environment
 from serverless_gpu.backends.ray.standby import ActorSet, Shape, Standby, release
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.common import settings
@@ -441,7 +441,8 @@ class RayRun:
                 raise _Stopped(reason)
         for r in self.ranks:
             try:
-                self.values.append(ray.get(r.result, timeout=_CALL_S))
+                value = ray.get(r.result, timeout=_CALL_S)
+                self.values.append(value.load() if isinstance(value, HostCopy) else value)
             except Exception as exc:  # e.g. the result's class cannot be imported here
                 self.values.append(None)
                 self.value_errors[r.rank] = exc

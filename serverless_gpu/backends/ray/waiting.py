@@ -63,7 +63,8 @@ def never_fits(ray: Any, asked: list[dict[str, float]]) -> str | None:
     if not special:
         return None
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    if all(any(n.get(k, 0) > 0 for n in nodes) for k in special):
+    missing = [k for k in special if not any(n.get(k, 0) > 0 for n in nodes)]
+    if not missing:
         return None
     if autoscaler_report(ray) is not None:
         return None  # it may add such nodes: the reservation waits and says so
@@ -72,6 +73,6 @@ def never_fits(ray: Any, asked: list[dict[str, float]]) -> str | None:
     )
     return (
         f"the Ray cluster can never hold {len(asked)} ranks of {fmt_resources(asked[0])}: "
-        f"no node has {' or '.join(special)} and no autoscaler could add one; it has "
-        f"{len(nodes)} node(s): {has}. Add GPU nodes, or pass gpu_type='cpu'"
+        f"no node has {' or '.join(missing)} and no autoscaler could add one; it has "
+        f"{len(nodes)} node(s): {has}. Add such nodes, or ask for what the cluster has"
     )
