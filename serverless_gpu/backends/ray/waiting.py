@@ -2,7 +2,8 @@
 
 The autoscaler's own report is read from the cluster (the GCS key ``ray status`` reads, written
 by the head's monitor every few seconds). A cluster started without an autoscaling config runs
-the monitor too, with a read-only provider that can add nothing: its report says ``legacy``.
+the monitor too, with a read-only provider that can add nothing: its report names each node's
+type after the node itself.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ def autoscaler_report(ray: Any) -> dict[str, Any] | None:
     if not isinstance(status, dict) or time.time() - float(status.get("time", 0)) > _STALE_S:
         return None
     report = status.get("autoscaler_report") or {}
-    return None if report.get("legacy") else report
+    types = list(report.get("active_nodes") or {}) + list(report.get("pending_launches") or {})
+    # The read-only provider names each node's type after the node ("node_<id>"); an
+    # autoscaler's types are those of its config.
+    if not types or all(t.startswith("node_") for t in types):
+        return None
+    return report
 
 
 def pending_nodes(report: dict[str, Any]) -> int:
