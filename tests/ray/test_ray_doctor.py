@@ -42,6 +42,8 @@ def test_a_cancel_with_stop_grace_asks_the_ranks_and_they_return() -> None:
     assert all(r["stopped_at"] is not None for r in results)
     assert [r["on_stop_in"] for r in results] == [["MainThread"]] * 4
     assert handle.finished is not None and "stopped early" in handle.finished.message
+    again = fn.distributed(0.5)  # on the same actors, which were asked to stop last time
+    assert [r["stopped_at"] for r in again] == [None] * 4, "a new call is not asked to stop"
 
 
 def test_stacks_while_it_runs_then_the_timeout_names_each_ranks_frame() -> None:

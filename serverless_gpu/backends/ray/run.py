@@ -224,9 +224,10 @@ class RayRun:
     # -- standby actors -------------------------------------------------------------------------
 
     def _take_warm(self, ray: Any) -> bool:
-        """Use the standby set of this call's shape, if one is there and every one of its
-        actors answers: a node that died under it, or an actor killed since, costs the set
-        (released), never the call."""
+        """Use the standby set of this call's shape, if one is there: a node of it that died
+        since, or actors that did not answer (their group formation, their sink) within 5 s,
+        cost the set (released), never the call. An actor process killed on a live node is
+        found only when the call runs on it: that call fails as with any rank that dies."""
         found = self.standby.take(self.shape, self.job)
         if found is None:
             return False
@@ -238,8 +239,9 @@ class RayRun:
         for r, actor, place in zip(self.ranks, found.actors, found.places, strict=True):
             r.actor, r.node_rank = actor, found.reservation.node_rank[r.rank]
             r.place = place
-        self.sink.clear.remote()
         try:
+            # Nothing of the last call (a late stop or stacks command) may reach this one.
+            ray.get(self.sink.clear.remote(), timeout=_WARM_S)
             # Their group formed (or failed to) only if every actor was there to answer.
             formed = ray.get(found.group, timeout=_WARM_S) if found.group else []
             if not found.group:
