@@ -168,6 +168,7 @@ class WidgetRenderer:
         if isinstance(event, RunWaiting):  # a cluster that must grow first
             self.warning.value = stacks_view.hang_html(event.message) if event.message else ""
             if event.message:
+                self.view.waited = event.message
                 self.live.say(event.message)
             return
         if isinstance(event, RanksSilent):

@@ -3,7 +3,6 @@ autoscaler adds nodes of 2 CPUs on this machine. The call waits for them and say
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -67,6 +66,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _answers(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -105,12 +112,10 @@ def growing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         assert head.poll() is None, "the head node did not start"
         yield {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
     finally:
-        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops what it started
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            head.wait(90)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(head.pid, signal.SIGKILL)
+        # The head, its GCS and raylet, the monitor and the nodes it added: all one group.
+        os.killpg(head.pid, signal.SIGKILL)
         head.wait(30)
+        eventually(lambda: not _group_alive(head.pid), "every process of the cluster gone")
 
 
 def test_a_call_waits_for_the_autoscaler_and_says_so(growing: dict[str, str]) -> None:

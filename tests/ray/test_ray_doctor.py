@@ -47,7 +47,7 @@ def test_a_cancel_with_stop_grace_asks_the_ranks_and_they_return() -> None:
 
 
 def test_stacks_while_it_runs_then_the_timeout_names_each_ranks_frame() -> None:
-    fn = distributed(gpus=4, gpu_type="cpu", remote=True, timeout=40, output="none")(
+    fn = distributed(gpus=4, gpu_type="cpu", remote=True, timeout=30, output="none")(
         ray_fns.stuck_in_a_named_function
     )
     handle = fn.start(600)
