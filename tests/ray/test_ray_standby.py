@@ -4,6 +4,10 @@ call's actors with its process group formed ahead; a changed environment, the id
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +18,7 @@ from eventually import eventually
 import serverless_gpu
 from serverless_gpu import distributed
 
+HERE = Path(__file__).resolve().parent
 pytestmark = [pytest.mark.usefixtures("cluster", "untracked"), pytest.mark.timeout(600)]
 
 
@@ -69,3 +74,19 @@ def test_a_node_that_died_under_standby_actors_costs_them_not_the_call(cluster: 
     second = fn.distributed()
     assert [r["sum"] for r in second] == [4.0] * 4
     assert not set(_pids(second)) & set(_pids(first)), "fresh actors"
+
+
+def test_the_callers_exit_releases_its_standby_actors(cluster: Any, tmp_path: Path) -> None:
+    code = (
+        "import ray_fns, serverless_gpu as s\n"
+        "fn = s.distributed(gpus=4, gpu_type='cpu', remote=True, output='none', tracking=False)"
+        "(ray_fns.who_am_i)\n"
+        "print('sums', [r['sum'] for r in fn.distributed()], flush=True)\n"
+    )
+    env = {**os.environ, "RAY_ADDRESS": cluster.address, "SERVERLESS_GPU_RUNS_DIR": str(tmp_path)}
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert "sums [4.0, 4.0, 4.0, 4.0]" in out.stdout, out
+    assert leftovers(standby=True) == ([], []), "nothing of the exited caller is left"
