@@ -1,7 +1,10 @@
-"""Launch latency of ``remote=True`` (the Ray backend), run by ``launch.py --backend ray``.
+"""Launch latency of ``remote=True`` (the Ray backend) beside Ray Train's ``TorchTrainer``, on one
+Ray cluster in one run; run by ``launch.py --backend ray``.
 
-Each call starts fresh rank actors in a placement group on the cluster, so every call pays for
-Ray's actor start; there are no standby ranks. Without ``RAY_ADDRESS`` the script starts a Ray
+The same all-reduce job three ways: our first call (fresh rank actors and placement group),
+our warm calls (the standby actors the last call left, their process group formed ahead),
+and ``TorchTrainer(fn, scaling_config=ScalingConfig(num_workers=N)).fit()`` (Ray Train starts
+its workers and forms their group on every fit). Without ``RAY_ADDRESS`` the script starts a Ray
 cluster on this machine with ``ray.cluster_utils.Cluster``: a head node without CPUs and two
 nodes holding half the ranks each, on 127.0.0.1. Its processes do not import
 ``rfc3987_syntax`` (``tests/ray/no_rfc3987``), as on a cluster image without jupyterlab: where it
@@ -16,6 +19,7 @@ import os
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before ray: 127.0.0.1 nodes
 
+import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -67,19 +71,55 @@ def measure(s: C.Settings) -> dict[str, list[tuple[float, float]]]:
         fn = distributed(
             gpus=s.world_size, gpu_type=gpu_type, remote=True, output="none", tracking=False
         )(_jobs.user_fn)
-        for job in ("first call", *(JOBS if not s.quick else JOBS[1:])):
-            name = "allreduce" if job == "first call" else job
-            reps = 1 if job == "first call" else s.reps
-            samples[job] = []
-            for _ in range(reps):
-                samples[job].append(_one_call(fn, name, s.device))
+        samples["first call"] = [_one_call(fn, "allreduce", s.device)]
+        time.sleep(C.SETTLE_S[s.device])
+        for job in JOBS if not s.quick else JOBS[1:]:
+            samples[f"warm call, {job}"] = []
+            for _ in range(s.reps):
+                samples[f"warm call, {job}"].append(_one_call(fn, job, s.device))
                 time.sleep(C.SETTLE_S[s.device])
+        from serverless_gpu.backends.ray import stop_ray_calls
+
+        stop_ray_calls()  # the standby actors make way for Ray Train's workers
+        samples["TorchTrainer.fit"] = [
+            _one_fit(s.world_size, s.device) for _ in range(1 if s.quick else TRAINER_REPS)
+        ]
         ray.shutdown()
     return samples
 
 
+TRAINER_REPS = 2
+
+
 def _one_call(fn: Any, job: str, device: str) -> tuple[float, float]:
     t_call, t_back, entries = C.timed(lambda: fn.distributed(job, device, None))
+    return max(entries) - t_call, t_back - t_call
+
+
+def trainer_loop(config: dict[str, Any]) -> None:
+    """Ray Train's worker: the same all-reduce on the group Ray Train formed for it."""
+    entry = time.time()
+    import ray.train
+
+    rank = ray.train.get_context().get_world_rank()
+    Path(config["out"], f"entry_{rank}").write_text(repr(entry))
+    os.environ.setdefault("LOCAL_RANK", str(ray.train.get_context().get_local_rank()))
+    _jobs.allreduce_once(config["device"])
+
+
+def _one_fit(world_size: int, device: str) -> tuple[float, float]:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    with tempfile.TemporaryDirectory() as out:
+        trainer = TorchTrainer(
+            trainer_loop,
+            train_loop_config={"out": out, "device": device},
+            scaling_config=ScalingConfig(num_workers=world_size, use_gpu=device == "cuda"),
+            run_config=RunConfig(storage_path=out, name="fit"),
+        )
+        t_call, t_back, _ = C.timed(trainer.fit)
+        entries = [float(Path(out, f"entry_{r}").read_text()) for r in range(world_size)]
     return max(entries) - t_call, t_back - t_call
 
 
@@ -94,11 +134,24 @@ def main(argv: Sequence[str]) -> None:
     table = C.markdown_table(
         ["job", "call -> all ranks in user code", "call -> results back"], rows
     )
+    fit = C.median([b for _, b in samples["TorchTrainer.fit"]])
+    first = samples["first call"][0][1]
+    warm = C.median([b for _, b in samples["warm call, allreduce"]])
+    ratios = C.markdown_table(
+        ["call -> results back, against TorchTrainer.fit", "ratio", "target", "verdict"],
+        [
+            ["first call", C.fmt_ratio(first / fit), "<= 0.3x", C.verdict(first / fit <= 0.3)],
+            ["warm call", C.fmt_ratio(warm / fit), "<= 0.01x", C.verdict(warm / fit <= 0.01)],
+        ],
+    )
     intro = (
         f"{s.world_size} ranks on {where}; medians over the reps, (min-max) after them. "
-        f"'first call' is the allreduce job right after connecting. Collective backend: "
-        f"{C.gloo_or_nccl(s)}."
+        f"Every job is one all-reduce of one float ('noop' returns at once); 'first call' "
+        f"starts the rank actors, 'warm call' uses those the last call left. Collective "
+        f"backend: {C.gloo_or_nccl(s)}."
     )
     C.emit_report(
-        s, "Launch benchmark, remote=True (Ray)", [("Launch latency", intro + "\n\n" + table)]
+        s,
+        "Launch benchmark, remote=True (Ray) beside Ray Train",
+        [("Launch latency", intro + "\n\n" + table + "\n\n" + ratios)],
     )

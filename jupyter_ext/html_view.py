@@ -269,6 +269,8 @@ def _stopped_progress(view: RunView) -> str:
 def _doctor(view: RunView, label: stacks_view.Labeler) -> str:
     """The hang warning given during the run and the stacks taken with the Stacks button."""
     parts = []
+    if view.waited:
+        parts.append(stacks_view.hang_html(f"before the ranks started: {view.waited}"))
     if view.hang_warning:
         parts.append(stacks_view.hang_html(f"during the run: {view.hang_warning}"))
     found = view.stacks

@@ -185,6 +185,9 @@ class RunView:
         """The stacks taken last with the Stacks button (None: not taken)."""
         self.hang_warning = ""
         """The last silent-ranks warning given in this run (kept in the record)."""
+        self.waited = ""
+        """What the run waited for last before its ranks started (a Ray cluster that had to
+        grow; kept in the record)."""
         self.version = 0
         """Bumped on every change to any rank."""
 

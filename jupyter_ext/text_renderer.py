@@ -22,6 +22,7 @@ from serverless_gpu.wire.events import (
     RankState,
     RunFinished,
     RunStarted,
+    RunWaiting,
 )
 
 from .formatting import hardware_label, links_text, summary_text
@@ -51,6 +52,8 @@ class TextRenderer:
     def __call__(self, event: object) -> None:
         if isinstance(event, RanksSilent) and event.ranks:
             self._write(f"serverless_gpu: warning: {warning_text(event)} (%distributed_stacks).\n")
+        if isinstance(event, RunWaiting) and event.message:
+            self._write(f"serverless_gpu: {event.message}\n")
         if not self.view.apply(event):
             return
         if isinstance(event, RunStarted):

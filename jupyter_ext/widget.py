@@ -24,7 +24,13 @@ from IPython.display import DisplayHandle, display
 
 from serverless_gpu.caller.hangs import warning_text
 from serverless_gpu.caller.hooks import RunContext
-from serverless_gpu.wire.events import OutputLines, RankMessage, RanksSilent, RunFinished
+from serverless_gpu.wire.events import (
+    OutputLines,
+    RankMessage,
+    RanksSilent,
+    RunFinished,
+    RunWaiting,
+)
 
 from . import html_view, stacks_view
 from .formatting import snapshot_text, status_words
@@ -159,6 +165,12 @@ class WidgetRenderer:
     # -- events and ticks (the waiting thread) --------------------------------------------
 
     def __call__(self, event: object) -> None:
+        if isinstance(event, RunWaiting):  # a cluster that must grow first
+            self.warning.value = stacks_view.hang_html(event.message) if event.message else ""
+            if event.message:
+                self.view.waited = event.message
+                self.live.say(event.message)
+            return
         if isinstance(event, RanksSilent):
             self.warning.value = stacks_view.silent_html(event)
             if event.ranks:

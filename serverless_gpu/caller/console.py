@@ -20,6 +20,7 @@ from serverless_gpu.wire.events import (
     RankState,
     RunFinished,
     RunStarted,
+    RunWaiting,
 )
 from serverless_gpu.wire.runpaths import RunPaths
 
@@ -64,6 +65,8 @@ class ConsolePrinter:
             self._write(f"serverless_gpu: rank {event.rank} {event.state} ({how})\n")
         elif isinstance(event, RanksSilent) and event.ranks:
             self._write(f"serverless_gpu: warning: {warning_text(event)} (handle.stacks()).\n")
+        elif isinstance(event, RunWaiting) and event.message:
+            self._write(f"serverless_gpu: {event.message}\n")
         elif isinstance(event, RunFinished):
             elapsed = event.time - self._started if self._started else 0.0
             detail = f": {event.message}" if event.message else ""

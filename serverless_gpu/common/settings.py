@@ -234,6 +234,13 @@ RAY_CPUS_PER_RANK = Variable(
     _int_between(1, 1024),
     "CPUs reserved for each rank of a ``remote=True`` call (with its GPU, if any).",
 )
+RAY_IDLE_S = Variable(
+    "SERVERLESS_GPU_RAY_IDLE_S",
+    300.0,
+    _seconds(zero_allowed=True),
+    "Seconds a ``remote=True`` call's rank actors (and placement group) wait for the next call "
+    "of the same shape before they are released; 0 releases them after every call.",
+)
 
 USER_SETTINGS: tuple[Variable[Any], ...] = (
     DEVICE_TYPE,
@@ -255,6 +262,7 @@ USER_SETTINGS: tuple[Variable[Any], ...] = (
     WIDGET_LINES,
     RAY_RESERVE_TIMEOUT,
     RAY_CPUS_PER_RANK,
+    RAY_IDLE_S,
 )
 """Every variable a user may set."""
 

@@ -29,6 +29,13 @@ def request() -> None:
     _requested.set()
 
 
+def reset() -> None:
+    """A new call starts in this process (a Ray rank actor serves one call after another): no
+    stop asked for yet, no callback registered."""
+    _requested.clear()
+    _callbacks.clear()
+
+
 def should_stop(sync: bool = False) -> bool:
     """True once the caller asked the run to stop (Cancel, timeout, interrupt, with
     ``stop_grace``): save what you need and return. A safe point: pending ``on_stop``

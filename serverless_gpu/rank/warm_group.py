@@ -49,6 +49,15 @@ class GroupPlan:
     process can take the port in between); other ranks: None."""
     env: dict[str, str]
     """The environment the group is formed under (a call's, with the launcher's base)."""
+    host: str = "127.0.0.1"
+    """Where rank 0's store listens (a Ray rank's node address; the launcher's: loopback)."""
+    local_rank: int | None = None
+    """The rank's GPU index on its node (``cuda:local_rank``) where it differs from ``rank``
+    (ranks across Ray nodes)."""
+
+    @property
+    def gpu_index(self) -> int:
+        return self.rank if self.local_rank is None else self.local_rank
 
     @property
     def backend(self) -> str:
@@ -81,14 +90,14 @@ def form(plan: GroupPlan) -> bool:
     os.environ.update(plan.env)
     try:
         store = dist.TCPStore(
-            "127.0.0.1",
+            plan.host,
             plan.port,
             plan.world_size,
             plan.rank == 0,
             timeout=timedelta(seconds=FORM_TIMEOUT_S),
             master_listen_fd=plan.listen_fd,
         )
-        device = torch.device("cuda", plan.rank) if plan.device == "cuda" else None
+        device = torch.device("cuda", plan.gpu_index) if plan.device == "cuda" else None
         dist.init_process_group(
             plan.backend, store=store, rank=plan.rank, world_size=plan.world_size, device_id=device
         )
@@ -237,7 +246,7 @@ def _same_device(plan: GroupPlan, device_id: Any) -> bool:
     if isinstance(device_id, int):
         device_id = torch.device("cuda", device_id)
     device = torch.device(device_id)
-    return plan.device == "cuda" and device.type == "cuda" and device.index == plan.rank
+    return plan.device == "cuda" and device.type == "cuda" and device.index == plan.gpu_index
 
 
 def _defer(group: Any) -> None:

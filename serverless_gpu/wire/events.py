@@ -110,6 +110,17 @@ class RunQueued:
 
 
 @dataclass(frozen=True)
+class RunWaiting:
+    """The run waits for its backend to find room for its ranks (a Ray cluster that must
+    grow); ``message`` says what is missing, and is repeated when it changes. An empty
+    ``message`` ends the wait."""
+
+    run_id: str
+    message: str
+    time: float
+
+
+@dataclass(frozen=True)
 class RunScheduled:
     """The run got its devices; its ranks are being started on them."""
 
@@ -285,6 +296,7 @@ class RanksSilent:
 Event = (
     RunStarted
     | RunQueued
+    | RunWaiting
     | RunScheduled
     | RankStarted
     | OutputLines

@@ -23,6 +23,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.state import list_actors, list_placement_groups  # noqa: E402
 
 from serverless_gpu import tracking  # noqa: E402
+from serverless_gpu.backends.ray import ray_backend  # noqa: E402
 from serverless_gpu.caller import hooks  # noqa: E402
 
 NODE_CPUS = 2
@@ -102,15 +103,23 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def cluster(ray_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cluster:
+def cluster(
+    ray_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Cluster]:
     """The cluster with two worker nodes of 2 CPUs (a test that removed one gets a fresh one)
-    and run directories under the test's tmp dir."""
+    and run directories under the test's tmp dir; no standby actors before or after."""
     workers = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
     for _ in range(2 - len(workers)):
         ray_cluster.add_node(**_node_args())
     ray_cluster.wait_for_nodes()
     monkeypatch.setenv("SERVERLESS_GPU_RUNS_DIR", str(tmp_path / "runs"))
-    return ray_cluster
+    yield ray_cluster
+    ray_backend().standby.release_all()
+
+
+def node_args() -> dict[str, Any]:
+    """A worker node as the test cluster adds it."""
+    return _node_args()
 
 
 @pytest.fixture
@@ -122,9 +131,12 @@ def untracked() -> Iterator[None]:
         hooks.register_hook(tracking.tracking_hook, order=10)
 
 
-def leftovers(timeout: float = 15.0) -> tuple[list[Any], list[Any]]:
+def leftovers(timeout: float = 15.0, standby: bool = False) -> tuple[list[Any], list[Any]]:
     """Our actors still alive and placement groups not removed, after waiting up to
-    ``timeout`` for Ray to finish removing them."""
+    ``timeout`` for Ray to finish removing them; the standby actors (of calls that succeeded)
+    are released first unless ``standby``."""
+    if not standby:
+        ray_backend().standby.release_all()
     deadline = time.monotonic() + timeout
     while True:
         actors = [

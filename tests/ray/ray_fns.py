@@ -111,3 +111,71 @@ def visible_gpus() -> tuple[int, str, list[str]]:
 
     ids = [str(i) for i in ray.get_runtime_context().get_accelerator_ids()["GPU"]]
     return runtime.get_local_rank(), os.environ.get("CUDA_VISIBLE_DEVICES", ""), ids
+
+
+def who_am_i() -> dict[str, Any]:
+    """The rank's process, whether a process group was there before the call asked for one,
+    and a gloo all-reduce over every rank."""
+    import torch
+    import torch.distributed as dist
+
+    before = dist.is_initialized()
+    runtime.init_process_group(timeout=timedelta(seconds=60))
+    value = torch.tensor([1.0])
+    dist.all_reduce(value)
+    import ray
+
+    return {
+        "pid": os.getpid(),
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "group_before": before,
+        "sum": value.item(),
+        "var": os.environ.get("SERVERLESS_GPU_TEST_CALLER_VAR"),
+    }
+
+
+def until_asked_to_stop(seconds: float) -> dict[str, Any]:
+    """Steps until the caller asks the run to stop (``stop_grace``); an ``on_stop`` callback
+    notes the thread it ran in."""
+    import threading
+
+    seen: list[str] = []
+    runtime.on_stop(lambda: seen.append(threading.current_thread().name))
+    print("stepping", flush=True)
+    deadline = time.monotonic() + seconds
+    steps = 0
+    while time.monotonic() < deadline:
+        if runtime.should_stop():
+            return {"stopped_at": steps, "on_stop_in": seen}
+        steps += 1
+        time.sleep(0.05)
+    return {"stopped_at": None, "on_stop_in": seen}
+
+
+def stuck_in_a_named_function(seconds: float) -> None:
+    """Rank 1 sleeps in ``stuck_here``; the others wait for it in a gloo barrier."""
+    import torch.distributed as dist
+
+    runtime.init_process_group(timeout=timedelta(seconds=600))
+    print("ready", flush=True)
+    if runtime.get_global_rank() == 1:
+        stuck_here(seconds)
+    dist.barrier()
+
+
+def stuck_here(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def rank1_goes_silent() -> None:
+    for _ in range(60):
+        if runtime.get_global_rank() == 0:
+            runtime.heartbeat()  # a sign of life without output
+        time.sleep(0.1)
+
+
+def rank1_dies_on_the_first_attempt() -> int:
+    """Rank 1's process ends without a result on attempt 0: a crash, which is retried."""
+    if runtime.attempt() == 0 and runtime.get_global_rank() == 1:
+        os._exit(3)
+    return runtime.attempt()

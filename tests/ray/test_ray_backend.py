@@ -139,16 +139,24 @@ def test_cancel_stops_every_rank() -> None:
     assert leftovers() == ([], [])
 
 
-def test_more_ranks_than_the_cluster_holds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SERVERLESS_GPU_RAY_RESERVE_TIMEOUT", "2")
+def test_more_ranks_than_the_cluster_holds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SERVERLESS_GPU_RAY_RESERVE_TIMEOUT", "4")
     fn = distributed(gpus=6, gpu_type="cpu", remote=True, timeout=60)(ray_fns.sleep_forever)
 
+    handle = fn.start()
     with pytest.raises(DistributedError) as info:
-        fn.distributed()
+        handle.result(timeout=60)
 
     text = str(info.value)
-    assert "could not hold 6 ranks of 1 CPU each (6 CPU in all) within 2 s" in text, text
+    assert "could not hold 6 ranks of 1 CPU each (6 CPU in all) within 4 s" in text, text
     assert "it has 4 CPU" in text, text
+    said = (
+        "serverless_gpu: waiting for the Ray cluster: 6 ranks of 1 CPU requested, 4 CPU free; "
+        "no autoscaler to add nodes"
+    )
+    assert said in capsys.readouterr().out, "the wait was told while it lasted"
     assert leftovers() == ([], [])
 
 

@@ -4,6 +4,8 @@ and its message shows what was asked of the cluster."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import ray_fns
 from conftest import leftovers
@@ -18,10 +20,16 @@ pytestmark = pytest.mark.usefixtures("cluster", "untracked")
 def test_a_shape_asks_the_cluster_for_whole_nodes(
     monkeypatch: pytest.MonkeyPatch, count: int | None, ranks: int
 ) -> None:
-    monkeypatch.setenv("SERVERLESS_GPU_RAY_RESERVE_TIMEOUT", "2")
+    """The test cluster has GPUs of no type and no autoscaler: a request for H100 nodes can
+    never fit, and fails at once (not after the reservation's timeout) saying so."""
+    monkeypatch.setenv("SERVERLESS_GPU_RAY_RESERVE_TIMEOUT", "60")
     fn = distributed(count, "GPU_2xH100", remote=True, timeout=60)(ray_fns.sleep_forever)
-    with pytest.raises(DistributedError, match=rf"could not hold {ranks} ranks of .*H100"):
+    start = time.monotonic()
+    with pytest.raises(DistributedError, match=rf"can never hold {ranks} ranks of .*H100") as info:
         fn.distributed()
+    assert time.monotonic() - start < 10
+    assert "no node has accelerator_type:H100 and no autoscaler" in str(info.value)
+    assert "2 CPU, 2 GPU" in str(info.value), "what the cluster has"
     assert leftovers() == ([], [])
 
 

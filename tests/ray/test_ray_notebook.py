@@ -20,6 +20,9 @@ CELL = (
     "print(f'rank {runtime.get_global_rank()} on node {runtime.get_node_rank()}')\n"
     "runtime.get_node_rank()\n"
 )
+SHORT_WAIT = "import os; os.environ['SERVERLESS_GPU_RAY_RESERVE_TIMEOUT'] = '4'"
+TOO_BIG = "%%distributed gpus=6 gpu_type=cpu remote=True timeout=180 --no-tracking\npass\n"
+"""The cluster has 4 CPUs: the reservation waits, and the widget says what is missing."""
 
 
 def _outputs(cell: Any, mime: str) -> str:
@@ -42,17 +45,32 @@ def test_magic_cell_on_the_cluster_shows_each_ranks_node(
     monkeypatch.setenv("SERVERLESS_GPU_WARMUP", "0")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ["PYTHONPATH"]]))
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("%load_ext jupyter_ext"), nbformat.v4.new_code_cell(CELL)]
+    nb.cells = [
+        nbformat.v4.new_code_cell("%load_ext jupyter_ext"),
+        nbformat.v4.new_code_cell(CELL),
+        nbformat.v4.new_code_cell(SHORT_WAIT),
+        nbformat.v4.new_code_cell(TOO_BIG),
+    ]
     client = NotebookClient(
-        nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        nb,
+        timeout=240,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(tmp_path)}},
     )
 
     client.execute()
 
     cell = nb.cells[1]
+    assert not [o for o in cell.outputs if o.output_type == "error"], cell.outputs
     plain, page = _outputs(cell, "text/plain"), _outputs(cell, "text/html")
     assert "[0, 0, 1, 1]" in plain, plain
     assert "4 x CPU on 2 Ray nodes" in page, page
     for rank, node in enumerate([0, 0, 1, 1]):
         assert f"rank {rank} on node {node} (127.0.0.1)" in page, page
         assert f"rank {rank} on node {node}\n" in page  # the rank's own output
+
+    waited = _outputs(nb.cells[3], "text/html")
+    said = "waiting for the Ray cluster: 6 ranks of 1 CPU requested, 4 CPU free"
+    assert said in waited, waited
+    assert "could not hold 6 ranks" in _outputs(nb.cells[3], "text/plain"), nb.cells[3].outputs

@@ -7,6 +7,7 @@ from typing import Any
 
 from serverless_gpu.backends.ray.connect import connect
 from serverless_gpu.backends.ray.run import RayRun
+from serverless_gpu.backends.ray.standby import Standby
 from serverless_gpu.caller.handle import RunHandle
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.common.errors import SerializationError
@@ -16,22 +17,26 @@ _JOIN_S = 10.0
 
 
 class RayBackend:
-    """Starts each call as a :class:`RayRun`; keeps nothing running between calls."""
+    """Starts each call as a :class:`RayRun`; between calls, the actors of calls that
+    succeeded wait for the next call of their shape (``standby.py``)."""
 
     def __init__(self) -> None:
         self._runs: dict[str, RayRun] = {}
         self._lock = threading.Lock()
+        self.standby = Standby()
 
     def submit(self, context: RunContext, payload: bytes) -> RunHandle[Any]:
         connect()
         runs: list[RayRun] = []
 
         def cancel(reason: str, force: bool) -> None:
-            # Ray ranks are killed at once: stop_grace is not offered on Ray (docs/ray.md).
-            runs[0].cancel(reason)
+            runs[0].cancel(reason, force)
 
-        handle: RunHandle[Any] = RunHandle(context, cancel)
-        run = RayRun(context, payload, handle.push)
+        def take_stacks() -> None:
+            runs[0].request_stacks()
+
+        handle: RunHandle[Any] = RunHandle(context, cancel, take_stacks=take_stacks)
+        run = RayRun(context, payload, handle.push, self.standby)
         runs.append(run)
         handle.load_values = lambda: _values(run)
         with self._lock:
@@ -46,7 +51,8 @@ class RayBackend:
     def prewarm(
         self, placement: Placement, preload: tuple[str, ...] = (), warm_group: bool = True
     ) -> None:
-        """Nothing to prepare: each call's actors start with it."""
+        """Nothing to prepare ahead of the first call: its actors start with it (and stay
+        for the next call of its shape)."""
 
     def shutdown(self) -> None:
         with self._lock:
@@ -56,6 +62,7 @@ class RayBackend:
             run.cancel("the caller shut down")
         for run in runs:
             run.thread.join(_JOIN_S)
+        self.standby.release_all()
 
 
 def _values(run: RayRun) -> list[Any]:
@@ -77,7 +84,8 @@ def ray_backend() -> RayBackend:
 
 
 def stop_ray_calls() -> None:
-    """Cancel every call running on Ray from this process (``serverless_gpu.shutdown``)."""
+    """Cancel every call running on Ray from this process and release the standby actors
+    (``serverless_gpu.shutdown``)."""
     with _default_lock:
         backend = _default
     if backend is not None:

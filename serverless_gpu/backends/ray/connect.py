@@ -39,6 +39,8 @@ def connect(timeout: float | None = None) -> Any:
             f"connected to none: {HOW_TO_CONNECT}"
         )
     _check_answers(address, _PROBE_S if timeout is None else min(timeout, _PROBE_S))
+    if _token_refused(address):  # ray.init would try it 20 times, printing each try
+        raise ConfigurationError(_refused(address))
     try:
         # Ranks' output comes back as the call's own events; Ray's copy would print it twice.
         ray.init(address=address, log_to_driver=False)
@@ -96,20 +98,24 @@ def _not_connected(address: str, exc: Exception) -> str:
     """Why ``ray.init`` failed: Ray says "Failed to connect" (and suggests ``ray stop``) even
     when the cluster answered and refused this process's token."""
     if _token_refused(address):
-        return (
-            f"the Ray cluster at RAY_ADDRESS={address!r} refused this process's authentication "
-            "token (token authentication is on there): give this process the cluster's token "
-            "in RAY_AUTH_TOKEN, or in a file named by RAY_AUTH_TOKEN_PATH (default "
-            "~/.ray/auth_token); `ray get-auth-token` on the head node prints it"
-        )
+        return _refused(address)
     text = f"could not connect to the Ray cluster at RAY_ADDRESS={address!r}: "
     text += f"{type(exc).__name__}: {exc}"
     return text + (f"; {HOW_TO_CONNECT}" if isinstance(exc, ConnectionError) else "")
 
 
+def _refused(address: str) -> str:
+    return (
+        f"the Ray cluster at RAY_ADDRESS={address!r} refused this process's authentication "
+        "token (token authentication is on there): give this process the cluster's token "
+        "in RAY_AUTH_TOKEN, or in a file named by RAY_AUTH_TOKEN_PATH (default "
+        "~/.ray/auth_token); `ray get-auth-token` on the head node prints it"
+    )
+
+
 def _token_refused(address: str) -> bool:
-    """One request to the head's GCS, with the token settings ``ray.init`` has just loaded:
-    True when it is refused as unauthenticated."""
+    """One request to the head's GCS with this process's token settings (``RAY_AUTH_MODE``,
+    ``RAY_AUTH_TOKEN`` ...): True when it is refused as unauthenticated."""
     target = None if address.startswith("ray://") else _host_port(address)
     if target is None:
         return False

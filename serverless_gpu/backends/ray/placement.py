@@ -58,18 +58,22 @@ def reserve(
     timeout: float,
     stop: Callable[[], str | None],
     accelerator: str | None = None,
+    waiting: Callable[[float], None] = lambda waited: None,
 ) -> Reservation:
     """Reserve the ranks' bundles, waiting at most ``timeout`` seconds (and not past ``stop()``
-    returning a reason); the group is removed again on any failure."""
+    returning a reason); ``waiting(seconds)`` is called while the group is not ready. The
+    group is removed again on any failure."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
     asked = bundles(world_size, device, cpus_per_rank, accelerator)
     group = placement_group(asked, strategy="PACK")
     try:
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         ready = group.ready()
         while not ray.wait([ready], timeout=_SLICE_S)[0]:
+            waiting(time.monotonic() - start)
             reason = stop()
             if reason is not None:
                 raise _Stopped(reason)
@@ -124,10 +128,11 @@ def _not_enough(asked: list[dict[str, float]], timeout: float) -> str:
         if node.get("Alive")
     ]
     return (
-        f"the Ray cluster could not hold {len(asked)} ranks of {_fmt(asked[0])} each "
-        f"({_fmt(need)} in all) within {timeout:g} s: it has {_fmt(_pick(total, need))} "
-        f"({_fmt(_pick(free, need))} free now) on {len(per_node)} node(s): "
-        + "; ".join(_fmt(n) for n in per_node)
+        f"the Ray cluster could not hold {len(asked)} ranks of {fmt_resources(asked[0])} each "
+        f"({fmt_resources(need)} in all) within {timeout:g} s: it has "
+        f"{fmt_resources(_pick(total, need))} "
+        f"({fmt_resources(_pick(free, need))} free now) on {len(per_node)} node(s): "
+        + "; ".join(fmt_resources(n) for n in per_node)
         + f". Ask for fewer ranks, add nodes, or raise {settings.RAY_RESERVE_TIMEOUT.name}."
     )
 
@@ -136,5 +141,5 @@ def _pick(resources: dict[str, float], keys: dict[str, float]) -> dict[str, floa
     return {k: resources.get(k, 0.0) for k in keys}
 
 
-def _fmt(resources: dict[str, float]) -> str:
+def fmt_resources(resources: dict[str, float]) -> str:
     return ", ".join(f"{v:g} {k}" for k, v in sorted(resources.items())) or "nothing"

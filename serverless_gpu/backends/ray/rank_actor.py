@@ -1,24 +1,33 @@
 """One rank on a Ray node: an actor that captures its process's output, runs the user's function
-once and hands back the result (through Ray's object store) or the failure's error record.
+and hands back the result (through Ray's object store) or the failure's error record; after a
+call that succeeded it stays for the next call of its set (``standby.py``).
 
 The function runs on the actor's main thread, as a local rank runs it; output is read by two
-threads and sent, with the rank's messages, to the run's event sink every 0.1 s.
+threads and sent, with the rank's messages, to the set's event sink every 0.1 s.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import fcntl
 import io
 import os
+import pickle
 import socket
 import struct
 import sys
+import tempfile
 import termios
 import threading
 import time
 from collections import deque
 from typing import Any
 
+import cloudpickle
+
+from serverless_gpu.backends.ray import doctor
+from serverless_gpu.backends.ray.doctor import STACKS, STOP
+from serverless_gpu.backends.ray.ranks import HostCopy
 from serverless_gpu.common.describe import describe_value
 from serverless_gpu.common.errors import (
     RAISED,
@@ -29,7 +38,7 @@ from serverless_gpu.common.errors import (
 from serverless_gpu.common.output import LineSplitter
 from serverless_gpu.common.proctitle import set_rank_title
 from serverless_gpu.rank import main as worker
-from serverless_gpu.rank import runtime, seeding
+from serverless_gpu.rank import runtime, seeding, stop_request, warm_group
 from serverless_gpu.runfiles.serialization import load_payload
 from serverless_gpu.wire.events import Event, OutputLines, RankMessage
 
@@ -42,7 +51,8 @@ Ray's own ``RAY_*`` variables are always the node's."""
 
 
 class OutputCapture:
-    """fd 1 and 2 of this process go into pipes; each line becomes an ``OutputLines`` event."""
+    """fd 1 and 2 of this process go into pipes; each line becomes an ``OutputLines`` event
+    of the call running now (``run_id``)."""
 
     def __init__(self, run_id: str, rank: int, emit: Any) -> None:
         self.run_id = run_id
@@ -69,7 +79,8 @@ class OutputCapture:
                 break
             lines = splitter.feed(data, time.monotonic())
             if lines:
-                self._emit(OutputLines(self.run_id, self.rank, stream, tuple(lines), time.time()))
+                run_id = self.run_id
+                self._emit(OutputLines(run_id, self.rank, stream, tuple(lines), time.time()))
 
     def drained(self) -> None:
         """Wait (briefly) until what was written so far has been read."""
@@ -92,20 +103,27 @@ def _line_stream(fd: int) -> io.TextIOWrapper:
 
 
 class RankActor:
-    """The Ray actor of one rank of one call; it serves that call only and is killed after."""
+    """The Ray actor of one rank: it serves one call after another of its standby set (same
+    rank, same shape) until the caller kills it. Calls never overlap: Ray runs an actor's
+    methods one at a time, on its main thread; the caller's commands (stop, stacks) arrive
+    in the replies of the event thread's polls, so they are taken while the call runs."""
 
     def __init__(self, run_id: str, rank: int, sink: Any) -> None:
+        self.started = time.time()
         self.run_id = run_id
         self.rank = rank
         self._sink = sink
+        self._base_env = dict(os.environ)
         self._events: deque[Event] = deque()
         self._send_lock = threading.Lock()
+        self._running = False
+        self._main_ident = threading.get_ident()
         self._capture = OutputCapture(run_id, rank, self._events.append)
         threading.Thread(target=self._flush_loop, daemon=True, name="rank-events").start()
 
     def where(self, want_port: bool) -> dict[str, Any]:
-        """Where this rank landed: node, address, the GPUs Ray gave it, and (for rank 0) a
-        free port on its node for the process group's store."""
+        """Where this rank landed: node, address, the GPUs Ray gave it, and (for rank 0) two
+        free ports on its node: for a process group's store, and for the next call's."""
         import ray
 
         ctx = ray.get_runtime_context()
@@ -115,24 +133,53 @@ class RankActor:
             "ip": ip,
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "started": self.started,
+            "main_thread": f"{self._main_ident:016x}",
             "gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])],
             "port": _free_port(ip) if want_port else None,
+            "next_port": _free_port(ip) if want_port else None,
         }
 
+    def form_group(self, plan: Any) -> bool:
+        """Standby, after a call: shut down the call's process group, then (with a ``plan``)
+        form the next call's default group with the set's other ranks (``warm_group.form``:
+        NCCL on GPU nodes, gloo in CPU mode)."""
+        worker.best_effort(warm_group.finish)
+        if plan is None:
+            return False
+        try:
+            return warm_group.form(plan)
+        except Exception as exc:  # no torch on this node: the call forms its own group
+            print(f"serverless-gpu: no process group made ahead of the call: {exc}", flush=True)
+            return False
+
     def run(
-        self, payload: bytes, env: dict[str, str], cwd: str, sys_path: list[str], name: str
+        self,
+        payload: bytes,
+        env: dict[str, str],
+        cwd: str,
+        sys_path: list[str],
+        name: str,
+        call: dict[str, Any],
     ) -> Any:
         """Run the call; returns ``("ok", [result_ref], summary)`` or
-        ``("error", record, summary)``."""
+        ``("error", record, summary)``. ``call``: ``run_id``, ``adopt`` (the group formed
+        ahead is the call's) and ``warm`` (``warm_process_group``)."""
         import ray
 
-        _become_rank(env, cwd, sys_path, name)
+        self.run_id = self._capture.run_id = call["run_id"]
+        _become_rank(self._base_env, env, cwd, sys_path, name)
+        stop_request.reset()
+        warm_group.settle(call["adopt"], call["warm"])
         runtime.connect(self._to_caller)
+        self._running = True
         try:
             outcome = self._call(payload, ray)
         finally:
+            self._running = False
             self._capture.drained()
             self._flush(wait=True)
+        # The call's process group is shut down by form_group, outside the call's time.
         return outcome
 
     def _call(self, payload: bytes, ray: Any) -> Any:
@@ -144,7 +191,7 @@ class RankActor:
         except BaseException as exc:  # the user's failure goes back to the caller
             return self._error(exc, RAISED, worker.qualified_type(exc), exception_message(exc))
         try:
-            ref = ray.put(result)
+            ref = ray.put(_host_copy(result))
         except Exception as exc:  # cannot be serialized: say which rank and which type
             return self._error(
                 exc, UNPICKLABLE_RESULT, worker.qualified_type(result), exception_message(exc)
@@ -156,34 +203,84 @@ class RankActor:
         worker.best_effort(sys.stderr.write, record.traceback_text)
         return ("error", record, record.failure.detail)
 
-    # -- events to the caller -----------------------------------------------------------------
+    # -- events to the caller, commands from it -----------------------------------------------
 
     def _to_caller(self, kind: str, data: Any) -> None:
         self._events.append(RankMessage(self.run_id, self.rank, kind, data, time.time()))
 
     def _flush_loop(self) -> None:
+        idle = 0.0
         while True:
             time.sleep(_FLUSH_S)
-            worker.best_effort(self._flush, False)
+            idle += _FLUSH_S
+            # While a call runs, an empty batch is sent now and then too: its reply carries
+            # the caller's commands.
+            if self._events or (self._running and idle >= _POLL_S):
+                idle = 0.0
+                worker.best_effort(self._flush, True)
 
     def _flush(self, wait: bool) -> None:
         import ray
 
         with self._send_lock:
             batch = [self._events.popleft() for _ in range(len(self._events))]
-            if batch:
-                ref = self._sink.put.remote(batch)
-                if wait:
-                    ray.get(ref, timeout=10)
+            ref = self._sink.put.remote(self.rank, batch)
+            commands: list[str] = ray.get(ref, timeout=10) if wait else []
+        for command in commands:
+            self._command(command)
+
+    def _command(self, command: str) -> None:
+        if command == STOP:
+            stop_request.request()
+        elif command == STACKS:
+            text = _all_stacks()
+            self._events.append(RankMessage(self.run_id, self.rank, STACKS, text, time.time()))
 
 
-def _become_rank(env: dict[str, str], cwd: str, sys_path: list[str], name: str) -> None:
+_POLL_S = 0.3
+
+
+def _host_copy(result: Any) -> Any:
+    """``result`` itself, or a :class:`HostCopy` of it where it holds CUDA tensors (Ray's
+    pickling would bring them back onto a GPU in the caller, which may have none)."""
+    torch: Any = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return result
+    found: list[bool] = []
+
+    class HostPickler(cloudpickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor) and obj.is_cuda:
+                found.append(True)
+                return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+            return super().reducer_override(obj)
+
+    buffer = io.BytesIO()
+    HostPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(result)
+    return HostCopy(buffer.getvalue()) if found else result
+
+
+def _all_stacks() -> str:
+    """Every thread's stacks in faulthandler's text (the same C walker the local ranks' signal
+    handler runs: it reads the main thread's frames while that thread is blocked in C)."""
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.seek(0)
+        return doctor.without_thread(f.read(), threading.get_ident())
+
+
+def _become_rank(
+    base: dict[str, str], env: dict[str, str], cwd: str, sys_path: list[str], name: str
+) -> None:
+    """The call's environment on top of the actor's own start-up one (never a previous
+    call's: a variable that call set and this caller has not is gone)."""
     set_rank_title(int(env["RANK"]), int(env["WORLD_SIZE"]), name)
     keep = {
         k: v
-        for k, v in os.environ.items()
+        for k, v in base.items()
         if k.startswith("RAY_") or (k in NODE_LOCAL_ENV and k not in env)
     }
+    os.environ.clear()
     os.environ.update(env)
     os.environ.update(keep)
     if os.path.isdir(cwd):  # another node may not have the caller's folder
@@ -202,14 +299,26 @@ def _free_port(ip: str) -> int:
 
 
 class EventSink:
-    """Per call, on the caller's node: ranks put their events, the caller takes them."""
+    """Per standby set, on the caller's node: ranks put their events and get the caller's
+    commands back; the caller takes the events and leaves commands."""
 
     def __init__(self) -> None:
         self._events: list[Event] = []
+        self._commands: dict[int, list[str]] = {}
 
-    def put(self, batch: list[Event]) -> None:
+    def put(self, rank: int, batch: list[Event]) -> list[str]:
         self._events.extend(batch)
+        return self._commands.pop(rank, [])
 
     def take(self) -> list[Event]:
         events, self._events = self._events, []
         return events
+
+    def command(self, ranks: list[int], command: str) -> None:
+        for rank in ranks:
+            self._commands.setdefault(rank, []).append(command)
+
+    def clear(self) -> None:
+        """A new call of the set starts: nothing of the last one is left."""
+        self._events.clear()
+        self._commands.clear()

@@ -12,6 +12,19 @@ from serverless_gpu.wire.runspec import RunSpec
 LIVE = (RankState.STARTING, RankState.RUNNING)
 
 
+@dataclass(frozen=True)
+class HostCopy:
+    """A rank's result that held CUDA tensors, pickled with each one copied to host memory:
+    the caller gets CPU tensors, as from a local run, and needs no GPU to read them."""
+
+    data: bytes
+
+    def load(self) -> Any:
+        import pickle
+
+        return pickle.loads(self.data)
+
+
 @dataclass
 class RayRank:
     """One rank of the call, as the caller follows it."""

@@ -2,8 +2,12 @@
 
 Root cause = the first failure in time (``wire/outcome.py``, as in the launcher); any failure,
 the timeout or a cancel kills every other rank's actor at once (``ray.kill``, also when it is
-blocked in a collective). The placement group, the actors and the event sink are removed in
-``finally``; if the caller dies, Ray removes them itself (they belong to the caller's job).
+blocked in a collective). With ``stop_grace`` a cancel or the timeout first asks the ranks to
+return (``runtime.should_stop()``) and kills them when that time is over; the timeout takes
+every rank's stacks first (``doctor.py``). A call that succeeded leaves its actors, placement
+group and event sink to the next call of its shape (``standby.py``); any other end kills and
+removes them in ``finally``. If the caller dies, Ray removes them itself (they belong to the
+caller's job).
 """
 
 from __future__ import annotations
@@ -13,37 +17,62 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from serverless_gpu.backends.ray import doctor, waiting
+from serverless_gpu.backends.ray.doctor import STACKS, STOP
 from serverless_gpu.backends.ray.placement import (
     PlacementError,
     Reservation,
     _Stopped,
+    bundles,
     ray_accelerator,
     reserve,
 )
-from serverless_gpu.backends.ray.ranks import LIVE, RayRank, rank_environment
+from serverless_gpu.backends.ray.ranks import LIVE, HostCopy, RayRank, rank_environment
+from serverless_gpu.backends.ray.standby import ActorSet, Shape, Standby, release
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.common import settings
 from serverless_gpu.common.errors import RankFailure, timeout_sentence
+from serverless_gpu.rank.warm_group import GroupPlan
 from serverless_gpu.runfiles.serialization import dump_to_file
+from serverless_gpu.wire.env import group_env
 from serverless_gpu.wire.events import (
     OutputLines,
     RankFinished,
+    RankMessage,
     RankStarted,
     RankState,
     RunStatus,
+    RunWaiting,
 )
 from serverless_gpu.wire.outcome import RunOutcome
 
 _SLICE_S = 0.1
 _CALL_S = 30.0
 """Bound on one control call to an actor (its answer, not the rank's work)."""
+_WARM_S = 5.0
+"""How long standby actors may take to answer before the call gives up on them (a node that
+died under them, a rank whose group formation waits for a dead peer) and starts fresh ones."""
+
+
+_MAKE_WAY_S = 0.3
+"""How long a reservation waits before the standby sets are released to make room for it."""
+_SAY_AFTER_S = 1.0
+_SAY_EVERY_S = 2.0
+"""A reservation that waits this long is announced; what it lacks is checked this often."""
+
+
+class _WarmLost(Exception):
+    """A standby actor did not answer: the call starts fresh actors instead."""
 
 
 class RayRun:
     """Reserve, start, watch and stop the ranks of one call; feed its handle's events."""
 
-    def __init__(self, ctx: RunContext, payload: bytes, push: Callable[[Any], None]) -> None:
+    def __init__(
+        self, ctx: RunContext, payload: bytes, push: Callable[[Any], None], standby: Standby
+    ) -> None:
         self.ctx = ctx
+        self.standby = standby
         self.spec = ctx.spec
         self.payload = payload
         self.push = push
@@ -53,6 +82,21 @@ class RayRun:
         self.cpus = settings.RAY_CPUS_PER_RANK.read(self.spec.env)
         self.deadline = None if self.ctx.timeout is None else time.monotonic() + self.ctx.timeout
         self.cancel_reason: str | None = None
+        """A cancel that stops the ranks now."""
+        self.ask_reason: str | None = None
+        """A cancel that asks the ranks to return first (``stop_grace``)."""
+        self.stop_grace = float(self.spec.config.stop_grace)
+        self.asked: tuple[RunStatus, str] | None = None
+        self.ask_deadline = 0.0
+        self.adopt = False
+        """The call's ranks take the process group formed ahead among their standby set."""
+        self.warm = False
+        """The call runs on standby actors."""
+        self.made_way = False
+        self.asked_bundles: list[dict[str, float]] = []
+        self.said_waiting = ""
+        self.next_say = 0.0
+        self.job = ""
         self.outcome = RunOutcome(self.ctx.run_id)
         self.values: list[Any] = []
         self.value_errors: dict[int, BaseException] = {}
@@ -63,8 +107,17 @@ class RayRun:
     def start(self) -> None:
         self.thread.start()
 
-    def cancel(self, reason: str) -> None:
-        self.cancel_reason = reason
+    def cancel(self, reason: str, force: bool = False) -> None:
+        """With ``stop_grace`` the first cancel of running ranks asks them to return; a
+        second one, or ``force``, stops them at once."""
+        if force or self.stop_grace <= 0 or self.ask_reason is not None:
+            self.cancel_reason = reason
+        else:
+            self.ask_reason = reason
+
+    def request_stacks(self) -> None:
+        """Ask every running rank for its stacks (``handle.stacks()``, the widget)."""
+        self._command([r.rank for r in self.ranks if r.state is RankState.RUNNING], STACKS)
 
     @property
     def stopping(self) -> bool:
@@ -83,39 +136,170 @@ class RayRun:
         except Exception as exc:  # a fault of ours or of the cluster ends this call, clearly
             self._run_failed(f"the Ray backend failed: {type(exc).__name__}: {exc}")
         finally:
+            self._end()
+
+    def _end(self) -> None:
+        keep = self._keepable()
+        if not keep:
             self._kill_all()
-            self._take_events()
+        self._take_events()
+        if keep:
+            keep = self._keep()
+        if not keep:
+            self._kill_all()
             self._release()
-            self._finish()
+        self._close_logs()
+        self._finish()
 
     def _run(self) -> None:
         import ray
 
-        cpus = self.cpus
-        timeout = settings.RAY_RESERVE_TIMEOUT.read(self.spec.env)
-        world = len(self.ranks)
-        accelerator = ray_accelerator(self.ctx.placement.gpu_type.value)
-        self.reservation = reserve(
-            world, self.device, cpus, timeout, self._stop_reason, accelerator
-        )
-        self.sink = _make_sink(ray)
-        self._start_actors(ray, cpus)
-        self._locate(ray)
+        self.job = ray.get_runtime_context().get_job_id()
+        if not self._take_warm(ray):
+            self._start_fresh(ray)
         if self.stopping:
             return
+        self._open_logs()
         payload = ray.put(self.payload)
         pending = {}
         cwd, sys_path = self.spec.cwd, list(self.spec.sys_path)
+        call = {
+            "run_id": self.ctx.run_id,
+            "adopt": self.adopt,
+            "warm": self.spec.config.warm_process_group,
+        }
         for r in self.ranks:
             env = rank_environment(self.spec, self.ranks, r, self.cpus)
-            ref = r.actor.run.remote(payload, env, cwd, sys_path, self.ctx.name)
+            ref = r.actor.run.remote(payload, env, cwd, sys_path, self.ctx.name, call)
             pending[ref] = r
             r.state = RankState.RUNNING
+            doctor.start_dump_file(self.ctx.paths, r.rank, str(r.place.get("main_thread", "")))
             pid = r.place["pid"]
             self.push(RankStarted(self.ctx.run_id, r.rank, pid, time.time(), r.label))
         self._watch(ray, pending)
         if not self.stopping:
             self._fetch_results(ray)
+
+    @property
+    def shape(self) -> Shape:
+        accelerator = ray_accelerator(self.ctx.placement.gpu_type.value)
+        env = tuple(sorted(group_env(self.spec.env).items()))
+        return (len(self.ranks), self.device, self.cpus, accelerator, env)
+
+    def _start_fresh(self, ray: Any) -> None:
+        timeout = settings.RAY_RESERVE_TIMEOUT.read(self.spec.env)
+        world = len(self.ranks)
+        accelerator = ray_accelerator(self.ctx.placement.gpu_type.value)
+        self.asked_bundles = bundles(world, self.device, self.cpus, accelerator)
+        never = waiting.never_fits(ray, self.asked_bundles)
+        if never is not None:
+            raise PlacementError(never)
+        self.reservation = reserve(
+            world, self.device, self.cpus, timeout, self._stop_reason, accelerator, self._waiting
+        )
+        if self.said_waiting:
+            self.push(RunWaiting(self.ctx.run_id, "", time.time()))
+        self.sink = _make_sink(ray)
+        self._start_actors(ray, self.cpus)
+        self._locate(ray)
+
+    def _waiting(self, waited: float) -> None:
+        """The cluster has no room for the call's ranks yet: idle standby actors (of other
+        shapes or environments) make way first; then the console and the widget are told
+        what is missing, again whenever that changes."""
+        if waited >= _MAKE_WAY_S and not self.made_way:
+            self.made_way = True
+            self.standby.release_all()
+        now = time.monotonic()
+        if waited < _SAY_AFTER_S or now < self.next_say:
+            return
+        import ray
+
+        self.next_say = now + _SAY_EVERY_S
+        text = waiting.waiting_text(ray, self.asked_bundles)
+        if text != self.said_waiting:
+            self.said_waiting = text
+            self.push(RunWaiting(self.ctx.run_id, text, time.time()))
+
+    # -- standby actors -------------------------------------------------------------------------
+
+    def _take_warm(self, ray: Any) -> bool:
+        """Use the standby set of this call's shape, if one is there: a node of it that died
+        since, or actors that did not answer (their group formation, their sink) within 5 s,
+        cost the set (released), never the call. An actor process killed on a live node is
+        found only when the call runs on it: that call fails as with any rank that dies."""
+        found = self.standby.take(self.shape, self.job)
+        if found is None:
+            return False
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        if not set(found.reservation.node_of_rank) <= alive:
+            release(found)
+            return False
+        self.reservation, self.sink = found.reservation, found.sink
+        for r, actor, place in zip(self.ranks, found.actors, found.places, strict=True):
+            r.actor, r.node_rank = actor, found.reservation.node_rank[r.rank]
+            r.place = place
+        try:
+            # Nothing of the last call (a late stop or stacks command) may reach this one.
+            ray.get(self.sink.clear.remote(), timeout=_WARM_S)
+            # Their group formed (or failed to) only if every actor was there to answer.
+            formed = ray.get(found.group, timeout=_WARM_S) if found.group else []
+            if not found.group:
+                self._locate(ray, warm_by=time.monotonic() + _WARM_S)
+        except (_WarmLost, ray.exceptions.RayError):
+            release(found)
+            self.reservation = self.sink = None
+            self.ranks = [RayRank(r.rank) for r in self.ranks]
+            return False
+        self.adopt = bool(formed) and all(formed)
+        self.warm = True
+        return True
+
+    def _keepable(self) -> bool:
+        return (
+            self.spec.config.standby
+            and not self.stopping
+            and not self.outcome.failures
+            and not self.value_errors
+            and all(r.state is RankState.DONE for r in self.ranks)
+            and self.reservation is not None
+            and self.sink is not None
+        )
+
+    def _keep(self) -> bool:
+        """Leave the actors to the next call of this shape, forming its process group among
+        them now; False when they cannot be kept (then they are released)."""
+        import ray
+
+        idle_s = settings.RAY_IDLE_S.read(self.spec.env)
+        if idle_s <= 0 or self.reservation is None:
+            return False
+        try:
+            # Two ports of rank 0's node: the group's formed now, and the next call's own.
+            where = ray.get(self.ranks[0].actor.where.remote(True), timeout=_CALL_S)
+        except Exception:  # rank 0's actor is gone: nothing to keep
+            return False
+        plans: list[GroupPlan | None] = [None] * len(self.ranks)
+        if self.spec.config.warm_process_group:
+            plans = [self._group_plan(r, where) for r in self.ranks]
+        group = [r.actor.form_group.remote(p) for r, p in zip(self.ranks, plans, strict=True)]
+        if not self.spec.config.warm_process_group:
+            group = []
+        places = [dict(r.place) for r in self.ranks]
+        places[0]["port"] = where["next_port"]
+        actors = [r.actor for r in self.ranks]
+        kept = ActorSet(self.shape, self.reservation, actors, self.sink, self.job, places, group)
+        self.standby.keep(kept, idle_s)
+        return True
+
+    def _group_plan(self, r: RayRank, where: dict[str, Any]) -> GroupPlan:
+        env = rank_environment(self.spec, self.ranks, r, self.cpus)
+        env["MASTER_PORT"] = str(where["port"])
+        local = int(env["LOCAL_RANK"])
+        world = len(self.ranks)
+        return GroupPlan(
+            r.rank, world, self.device, int(where["port"]), None, env, str(where["ip"]), local
+        )
 
     def _start_actors(self, ray: Any, cpus: int) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -124,11 +308,8 @@ class RayRun:
 
         assert self.reservation is not None
         remote = ray.remote(RankActor)
-        paths = self.ctx.paths
-        paths.logs.mkdir(mode=0o700, exist_ok=True)
         for r in self.ranks:
             r.node_rank = self.reservation.node_rank[r.rank]
-            r.log = open(paths.log(r.rank), "ab", buffering=0)  # noqa: SIM115
             r.actor = remote.options(
                 num_cpus=cpus,
                 num_gpus=1 if self.device == "cuda" else 0,
@@ -140,9 +321,16 @@ class RayRun:
                 ),
             ).remote(self.ctx.run_id, r.rank, self.sink)
 
-    def _locate(self, ray: Any) -> None:
+    def _open_logs(self) -> None:
+        paths = self.ctx.paths
+        paths.logs.mkdir(mode=0o700, exist_ok=True)
+        for r in self.ranks:
+            r.log = open(paths.log(r.rank), "ab", buffering=0)  # noqa: SIM115
+
+    def _locate(self, ray: Any, warm_by: float | None = None) -> None:
         """Wait (bounded by the call's timeout and cancel) for every actor to report where it
-        runs; rank 0 also picks the process group's port on its node."""
+        runs; rank 0 also picks the process group's port on its node. Standby actors must
+        answer by ``warm_by``, else :class:`_WarmLost`."""
         refs = {r.actor.where.remote(r.rank == 0): r for r in self.ranks}
         while refs:
             ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=_SLICE_S)
@@ -151,7 +339,11 @@ class RayRun:
                 try:
                     r.place = ray.get(ref)
                 except ray.exceptions.RayActorError as exc:
+                    if warm_by is not None:
+                        raise _WarmLost() from exc
                     self._lost(ray, r, exc)
+            if refs and warm_by is not None and time.monotonic() >= warm_by:
+                raise _WarmLost()
             reason = self._stop_reason()
             if reason is not None:
                 raise _Stopped(reason)
@@ -164,9 +356,42 @@ class RayRun:
             self._take_events()
             for ref in ready:
                 self._rank_ended(ray, pending.pop(ref), ref)
-            reason = self._stop_reason()
-            if reason is not None:
-                self._stop(self._stop_status(), reason)
+            if pending and not self.stopping:
+                self._timers()
+
+    def _timers(self) -> None:
+        """While the ranks run: a cancel, the timeout (stacks first), the end of
+        ``stop_grace``."""
+        now = time.monotonic()
+        if self.cancel_reason is not None:
+            self._stop(RunStatus.CANCELLED, self.cancel_reason)
+        elif self.ask_reason is not None and self.asked is None:
+            self._ask(RunStatus.CANCELLED, self.ask_reason)
+        elif self.deadline is not None and now >= self.deadline:
+            self.deadline = None
+            running = [r.rank for r in self.ranks if r.state is RankState.RUNNING]
+            message = timeout_sentence(self.ctx.timeout or 0.0, running)
+            paths = self.ctx.paths
+            doctor.take_before_stop(
+                paths, running, lambda: self._command(running, STACKS), self._take_events
+            )
+            self._ask(RunStatus.TIMED_OUT, message)
+        elif self.asked is not None and now >= self.ask_deadline:
+            self._stop(*self.asked)
+
+    def _ask(self, status: RunStatus, message: str) -> None:
+        """Ask the running ranks to return within ``stop_grace``; without it, stop them now."""
+        running = [r.rank for r in self.ranks if r.state is RankState.RUNNING]
+        if self.stop_grace <= 0 or self.asked is not None or not running:
+            self._stop(status, message)
+            return
+        self.asked = (status, message)
+        self.ask_deadline = time.monotonic() + self.stop_grace
+        self._command(running, STOP)
+
+    def _command(self, ranks: list[int], command: str) -> None:
+        if self.sink is not None and ranks:
+            self.sink.command.remote(ranks, command)
 
     def _rank_ended(self, ray: Any, r: RayRank, ref: Any) -> None:
         try:
@@ -218,7 +443,8 @@ class RayRun:
                 raise _Stopped(reason)
         for r in self.ranks:
             try:
-                self.values.append(ray.get(r.result, timeout=_CALL_S))
+                value = ray.get(r.result, timeout=_CALL_S)
+                self.values.append(value.load() if isinstance(value, HostCopy) else value)
             except Exception as exc:  # e.g. the result's class cannot be imported here
                 self.values.append(None)
                 self.value_errors[r.rank] = exc
@@ -226,15 +452,20 @@ class RayRun:
     # -- stopping -------------------------------------------------------------------------------
 
     def _stop_reason(self) -> str | None:
+        """Before the ranks run (reserving, starting): a cancel, graceful or not, or the
+        timeout stops the call now."""
         if self.cancel_reason is not None:
             return self.cancel_reason
+        if self.ask_reason is not None:
+            return self.ask_reason
         if self.deadline is not None and time.monotonic() >= self.deadline:
             running = [r.rank for r in self.ranks if r.state in LIVE]
             return timeout_sentence(self.ctx.timeout or 0.0, running)
         return None
 
     def _stop_status(self) -> RunStatus:
-        return RunStatus.CANCELLED if self.cancel_reason is not None else RunStatus.TIMED_OUT
+        cancelled = self.cancel_reason is not None or self.ask_reason is not None
+        return RunStatus.CANCELLED if cancelled else RunStatus.TIMED_OUT
 
     def _stop(self, status: RunStatus, message: str = "") -> None:
         if self.outcome.stopped_for(status, message):
@@ -271,6 +502,8 @@ class RayRun:
                 remove_placement_group(self.reservation.group)
             except Exception:
                 pass
+
+    def _close_logs(self) -> None:
         for r in self.ranks:
             if r.log is not None:
                 r.log.close()
@@ -285,6 +518,11 @@ class RayRun:
         except Exception:  # the sink is gone (the caller's node is going away): nothing to show
             return
         for event in events:
+            if event.run_id != self.ctx.run_id:
+                continue  # a thread the last call of the set left behind
+            if isinstance(event, RankMessage) and event.kind == STACKS:
+                doctor.append(self.ctx.paths, event.rank, str(event.data))
+                continue
             if isinstance(event, OutputLines):
                 self._log(event)
             self.push(event)
@@ -307,7 +545,8 @@ class RayRun:
                 if r.actor is not None:
                     self._rank_finished(r)
         unfinished = tuple(r.rank for r in self.ranks if r.state is RankState.STOPPED)
-        self.push(self.outcome.finished(unfinished, time.time()))
+        note = f"stopped early ({self.asked[1]}); every rank returned" if self.asked else ""
+        self.push(self.outcome.finished(unfinished, time.time(), note))
 
 
 def _make_sink(ray: Any) -> Any:
