@@ -51,7 +51,7 @@ class ConsolePrinter:
     def __call__(self, event: Event) -> None:
         if isinstance(event, RunStarted):
             self._started = event.time
-            names = ", ".join(sorted(set(event.gpu_names))) or "CPU"
+            names = ", ".join(sorted(set(event.gpu_names))) or _device_kind(event)
             self._write(
                 f"serverless_gpu: {event.name} on {event.world_size} x {names} "
                 f"(logs: {RunPaths(event.run_dir).logs})\n"
@@ -91,3 +91,11 @@ class ConsolePrinter:
             out = self._out()
             out.write(text)
             out.flush()
+
+
+def _device_kind(event: RunStarted) -> str:
+    """What the ranks run on when no GPU names are known here (ranks on a Ray cluster's GPUs):
+    the family asked for, or just GPU."""
+    if event.device != "cuda":
+        return "CPU"
+    return "GPU" if event.gpu_type in ("OTHER", "CPU") else event.gpu_type
