@@ -45,7 +45,7 @@ before=$(tracked_state)
 status=0
 # Two workers (pytest-xdist), a test module to each at a time (tests/conftest.py groups them):
 # most tests wait on processes they start, so two share two cores well.
-.venv/bin/python -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@" \
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@" \
   || status=$?
 if [ "$(tracked_state)" != "$before" ]; then
   echo "scripts/test.sh: the test suite changed tracked files:" >&2

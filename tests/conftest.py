@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from procs import cmdlines, descendants, launcher_family, launcher_tree, wait_gone
@@ -67,13 +68,21 @@ def _settled(others: set[int]) -> bool:
     return True
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, scripts/test.sh) a test module runs in
-    one worker, so its module fixtures (one launcher, one store) are made once. The Ray tests
-    all share one worker: a driver without an address attaches to any local cluster, and the
-    clusters' default ports (dashboard 8265) would meet."""
-    for item in items:
-        path = item.path.relative_to(item.config.rootpath)
-        group = "ray" if path.parts[:2] == ("tests", "ray") else str(path)
-        item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (scripts/test.sh: ``-n 2 --dist loadfile``) a test module runs in one
+    worker, so its module fixtures (one launcher, one session, one store) are made once and its
+    tests keep their order. The Ray tests all share one worker: a driver without an address
+    attaches to any local cluster ("multiple active Ray instances" when two run), and the
+    clusters' default dashboard port would meet. (pytest 9 keeps a node's id where xdist's
+    ``loadgroup`` can no longer rename it, hence a scheduler of our own.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/ray" if path.startswith("tests/ray/") else path
+
+    return ByModule(config, log)

@@ -23,7 +23,9 @@ def cwd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def sess(module_launcher: None, cwd: None) -> Iterator[Session]:
     """One untracked session of 2 CPU ranks for the module's tests (they keep its state apart
-    by name); closed after the last one."""
+    by name); closed after the last one. The names every test may use are made here, so that
+    a test passes alone as in the module (``-k``)."""
     session = Session(gpus=2, gpu_type="cpu", tracking=False, name="shared")
+    session.exec("import os\nimport torch\nr = int(os.environ['RANK'])")
     yield session
     session.close()
