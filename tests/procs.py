@@ -63,6 +63,23 @@ def launcher_family() -> set[int]:
     return keep
 
 
+def the_launcher() -> psutil.Process:
+    """This process's launcher (one): other children, such as a session's MLflow server or
+    the data tests' forkserver, are left out."""
+    (launcher,) = [
+        child
+        for child in psutil.Process().children()
+        if alive(child) and is_launcher(_cmdline(child))
+    ]
+    return launcher
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    with contextlib.suppress(psutil.Error):
+        return proc.cmdline()
+    return []
+
+
 def launcher_tree() -> set[int]:
     """This process's launcher and every live process below it."""
     tree: set[int] = set()

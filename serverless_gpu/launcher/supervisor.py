@@ -286,6 +286,13 @@ class RunSupervisor:
         if state in (RankState.DONE, RankState.FAILED):
             return state
         if self.phase is RunPhase.STOPPING:
+            if status > 0 and self._stopped_for_failure():
+                # An exit code, not our SIGTERM (ranks keep its default: a signal status): the
+                # rank ended on its own, typically the crashed peer behind a survivor's
+                # "connection reset by peer", whose exit the launcher got to only after that
+                # error. It is a failure of its own, and errors.root_cause ranks it first.
+                self.outcome.rank_failed(RankFailure.of_exit(rank, time.time(), status))
+                return RankState.FAILED
             return RankState.STOPPED
         under_way = self._stop_under_way()
         if under_way is not None:  # the cancel or timeout came first: it is the run's end,
@@ -294,6 +301,9 @@ class RunSupervisor:
         self.outcome.rank_failed(RankFailure.of_exit(rank, time.time(), status))
         self._stop(RunStatus.FAILED)
         return RankState.FAILED
+
+    def _stopped_for_failure(self) -> bool:
+        return self.outcome.stop is not None and self.outcome.stop[0] is RunStatus.FAILED
 
     # -- stopping ----------------------------------------------------------------------------------
 

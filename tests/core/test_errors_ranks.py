@@ -276,3 +276,32 @@ def test_gpu_only_code_in_cpu_mode_says_what_to_use_instead(gpu_code: Any) -> No
         "CPU mode" in note and "runtime.device()" in note and "runtime.init_process_group()" in note
         for note in notes
     ), notes
+
+
+def test_a_peer_exiting_with_a_code_after_a_survivors_lost_connection_is_the_root_cause(
+    tmp_path: Path,
+) -> None:
+    """The crashed peer's exit is often reaped after the survivor's "connection reset by
+    peer" has stopped the run. Here rank 1 exits with code 1 only once that stop reaches it
+    (its own SIGTERM handler), so the launcher always sees the two in that order."""
+
+    @distributed(gpus=2, tracking=False, standby=False, output="none", timeout=60)
+    def lost_peer(ready: str) -> None:
+        import os
+        import signal
+        import time
+
+        from serverless_gpu import runtime
+
+        if runtime.get_global_rank() == 1:
+            signal.signal(signal.SIGTERM, lambda *_: os._exit(1))
+            Path(ready).touch()
+            time.sleep(60)
+        deadline = time.monotonic() + 30
+        while not Path(ready).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise RuntimeError("Read error [127.0.0.1]:15069: Connection reset by peer")
+
+    with pytest.raises(RankFailedError, match="rank 1 exited with code 1") as info:
+        lost_peer.distributed(str(tmp_path / "ready"))
+    assert "other failures: rank 0 raised RuntimeError" in str(info.value)

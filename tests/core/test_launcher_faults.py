@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from procs import the_launcher
 
 from serverless_gpu import distributed, runtime
 from serverless_gpu.common.errors import DistributedError, DistributedTimeoutError, StorageError
@@ -24,7 +25,7 @@ from serverless_gpu.runfiles.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV
 
 
 def _launcher() -> psutil.Process:
-    (launcher,) = psutil.Process().children()
+    launcher = the_launcher()
     return launcher
 
 

@@ -11,9 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
-from procs import run_script
+from procs import run_script, the_launcher
 
 import serverless_gpu
 from serverless_gpu import distributed
@@ -76,7 +75,7 @@ def test_children_of_ranks_die_with_a_killed_launcher(gone: WaitGone) -> None:
         while len(children) < 2:
             assert time.monotonic() < deadline, "the ranks did not start their children"
             handle.wait(0.05)
-        (launcher,) = psutil.Process().children()
+        launcher = the_launcher()
         launcher.kill()
         with pytest.raises(DistributedError, match="launcher"):
             handle.result(timeout=30)
@@ -135,7 +134,7 @@ def test_a_stuck_launcher_is_killed_once_a_run_is_long_overdue(gone: WaitGone) -
     handle.subscribe(lambda e: started.add(e.rank) if isinstance(e, RankStarted) else None)
     while len(started) < 2:
         assert not handle.wait(0.05), "the call ended before its ranks started"
-    (launcher,) = psutil.Process().children()
+    launcher = the_launcher()
     launcher.suspend()  # SIGSTOP: it can neither time the run out nor report anything
     ranks = {p.pid for p in launcher.children()}
     with pytest.raises(DistributedError, match="launcher process was killed because"):

@@ -8,6 +8,7 @@ import time
 
 import psutil
 import pytest
+from procs import the_launcher
 
 from serverless_gpu import distributed
 
@@ -23,7 +24,7 @@ def test_processes_are_named_for_what_they_are() -> None:
     assert titles[0].startswith("serverless-gpu rank 0/2 ")
     assert titles[1].startswith("serverless-gpu rank 1/2 ")
     assert titles[0].endswith("title")
-    (launcher,) = psutil.Process().children()
+    launcher = the_launcher()
     assert " ".join(launcher.cmdline()).strip() == "serverless-gpu launcher"
     # Standby ranks for the next call, once the call's own ranks (which exit after their
     # results are back) are gone.
