@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 from eventually import eventually
+from procs import launcher_tree
 
 from serverless_gpu import distributed
 from serverless_gpu.common.proctitle import is_launcher
@@ -141,18 +142,18 @@ def test_hundred_calls_leak_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     # Standby ranks are made once the first call is over (after the launcher imports mlflow
     # for tracked calls, seconds on a busy machine): the baseline is taken with them ready.
     deadline = time.monotonic() + 60
-    while len(psutil.Process().children(recursive=True)) < 3:  # the launcher and 2 standby
+    while len(launcher_tree()) < 3:  # the launcher and 2 standby
         assert time.monotonic() < deadline
         time.sleep(0.05)
     fds = _fds()
-    procs = {p.pid for p in psutil.Process().children(recursive=True)}
+    procs = launcher_tree()  # (the test's own other children, if any, are not counted)
     tmp_entries = set(os.listdir(private_tmp))
     for i in range(100):
         assert noop.distributed(i) == [i, i]
     # The launcher and one set of standby ranks, as before (fresh pids each call).
     deadline = time.monotonic() + 5
-    while len(psutil.Process().children(recursive=True)) != len(procs):
-        assert time.monotonic() < deadline, psutil.Process().children(recursive=True)
+    while len(launcher_tree()) != len(procs):
+        assert time.monotonic() < deadline, launcher_tree()
         time.sleep(0.05)
     # A finished call's last descriptors (its lock file, the finisher's) close just after it.
     try:

@@ -9,7 +9,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,19 +87,42 @@ def _kill_started_since(before: set[int]) -> None:
     psutil.wait_procs(new, timeout=10)
 
 
+_ENDS: list[Callable[[], None]] = []
+"""How to end the session's cluster while it runs (see pytest_runtest_teardown)."""
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The cluster, started once for every Ray test; this process is connected to it."""
     old_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(STUB), old_path]))
     cluster = _start_cluster()
+
+    def end() -> None:
+        ray.shutdown()
+        cluster.shutdown()
+        os.environ["PYTHONPATH"] = old_path
+
+    _ENDS.append(end)
     try:
         ray.init(address=cluster.address, log_to_driver=False)
         yield cluster
     finally:
-        ray.shutdown()
-        cluster.shutdown()
-        os.environ["PYTHONPATH"] = old_path
+        if _ENDS:
+            _ENDS.pop()()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last Ray test, when a test of another folder follows in this process (the
+    Ray tests run together: tests/conftest.py), the cluster ends at once, not at the session's
+    end: the tests after it expect a process that is connected to no Ray cluster and has no
+    raylet among its children."""
+    if nextitem is not None and _RAY_TESTS not in nextitem.path.resolve().parents and _ENDS:
+        _ENDS.pop()()
+
+
+_RAY_TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture
