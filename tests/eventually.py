@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -29,3 +29,20 @@ def eventually(
         if time.monotonic() >= deadline:
             raise AssertionError(f"not within {timeout:g} s: {what}")
         time.sleep(interval)
+
+
+def wait_for_lines(handle: Any, text: str, ranks: int, seconds: float = 60) -> None:
+    """Until ``ranks`` ranks of the running call ``handle`` printed a line holding ``text``."""
+    from serverless_gpu.wire.events import OutputLines
+
+    seen: set[int] = set()
+
+    def collect(event: object) -> None:
+        if isinstance(event, OutputLines) and any(text in line for line in event.lines):
+            seen.add(event.rank)
+
+    handle.subscribe(collect)
+    deadline = time.monotonic() + seconds
+    while len(seen) < ranks:
+        assert time.monotonic() < deadline, f"only ranks {seen} printed {text!r}"
+        assert not handle.wait(0.1), "the run ended early"

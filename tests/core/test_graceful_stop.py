@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
+from eventually import wait_for_lines
 from recovery_fns import resets_signals, stops_after_unblocking_signals, train
-from test_stacks import wait_for_lines
 
 from serverless_gpu import CancelledError, distributed
 from serverless_gpu.data import checkpoint_path, is_complete

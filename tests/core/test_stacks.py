@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+from eventually import wait_for_lines
 
 import serverless_gpu
 from serverless_gpu import CancelledError, DistributedTimeoutError, distributed
 from serverless_gpu.doctor.stack_text import main_thread_frames
-from serverless_gpu.wire.events import OutputLines
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,21 +31,6 @@ def rank1_sleeps_rank0_all_reduces(seconds: float) -> int:
         stuck_here(seconds)
     dist.all_reduce(torch.ones(1))
     return get_global_rank()
-
-
-def wait_for_lines(handle: Any, text: str, ranks: int, seconds: float = 60) -> None:
-    """Until every rank printed a line holding ``text``."""
-    seen: set[int] = set()
-
-    def collect(event: object) -> None:
-        if isinstance(event, OutputLines) and any(text in line for line in event.lines):
-            seen.add(event.rank)
-
-    handle.subscribe(collect)
-    deadline = time.monotonic() + seconds
-    while len(seen) < ranks:
-        assert time.monotonic() < deadline, f"only ranks {seen} printed {text!r}"
-        assert not handle.wait(0.1), "the run ended early"
 
 
 def test_stacks_name_where_each_rank_is_without_stopping_the_run() -> None:

@@ -4,31 +4,14 @@ warning and ``max_retries``."""
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import pytest
 import ray_fns
+from eventually import wait_for_lines
 
 from serverless_gpu import distributed
 from serverless_gpu.common.errors import DistributedTimeoutError
-from serverless_gpu.wire.events import OutputLines
 
 pytestmark = [pytest.mark.usefixtures("cluster", "untracked"), pytest.mark.timeout(600)]
-
-
-def _wait_for_lines(handle: Any, text: str, ranks: int, seconds: float = 120) -> None:
-    seen: set[int] = set()
-
-    def collect(event: object) -> None:
-        if isinstance(event, OutputLines) and any(text in line for line in event.lines):
-            seen.add(event.rank)
-
-    handle.subscribe(collect)
-    deadline = time.monotonic() + seconds
-    while len(seen) < ranks:
-        assert time.monotonic() < deadline, f"only ranks {seen} printed {text!r}"
-        assert not handle.wait(0.1), "the run ended early"
 
 
 def test_a_cancel_with_stop_grace_asks_the_ranks_and_they_return() -> None:
@@ -36,7 +19,7 @@ def test_a_cancel_with_stop_grace_asks_the_ranks_and_they_return() -> None:
         ray_fns.until_asked_to_stop
     )
     handle = fn.start(240)
-    _wait_for_lines(handle, "stepping", 4)
+    wait_for_lines(handle, "stepping", 4, seconds=120)
     handle.cancel()
     results = handle.result(timeout=60)  # the ranks returned: the call returns normally
     assert all(r["stopped_at"] is not None for r in results)
@@ -51,7 +34,7 @@ def test_stacks_while_it_runs_then_the_timeout_names_each_ranks_frame() -> None:
         ray_fns.stuck_in_a_named_function
     )
     handle = fn.start(600)
-    _wait_for_lines(handle, "ready", 4)
+    wait_for_lines(handle, "ready", 4, seconds=120)
     found = handle.stacks()
     assert set(found) == {0, 1, 2, 3}, found
     assert found[1].startswith("Main thread 0x") and "in stuck_here" in found[1], found[1]
