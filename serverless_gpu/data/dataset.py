@@ -13,9 +13,10 @@ from typing import Any, BinaryIO, TypeVar
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from serverless_gpu.data._fs import resolve
+from serverless_gpu.data._fs import is_local, resolve
 from serverless_gpu.data.cache import CachePin, LocalCache, boot_id, default_cache_dir
 from serverless_gpu.data.errors import EmptyVolumeError, PositionUnknownError
+from serverless_gpu.data.in_place import on_same_file_system, read_in_place
 from serverless_gpu.data.listing import VolumeFile, copy_file, list_volume
 from serverless_gpu.data.position import Fingerprint, Position
 from serverless_gpu.data.prefetch import prefetched
@@ -36,7 +37,8 @@ T = TypeVar("T")
 
 
 class VolumeDataset(IterableDataset[T]):
-    """Iterate over the files of a volume directory, each copied to a node-local cache first.
+    """Iterate over the files of a volume directory, each copied to a node-local cache first
+    (a local directory on the cache's own file system is read in place: see ``in_place``).
 
     Yields the cached file's local path (``str``), or ``transform(local_path)`` when a
     ``transform`` is given (it runs in the DataLoader worker, after which the file may be
@@ -63,7 +65,8 @@ class VolumeDataset(IterableDataset[T]):
             :meth:`set_epoch`.
         seed: the permutation's seed.
         balance: how uneven file counts are split between ranks.
-        prefetch: files downloaded ahead by background threads, per DataLoader worker.
+        prefetch: files downloaded ahead by background threads, per DataLoader worker (read in
+            place: files the disk is asked to read ahead).
         min_free_bytes: free-disk floor kept on the cache's file system by LRU eviction
             (default 1 GiB).
         pin_window: without ``transform``, the last ``pin_window`` yielded paths of a worker
@@ -71,6 +74,11 @@ class VolumeDataset(IterableDataset[T]):
         storage_options: passed to fsspec (e.g. ``{"endpoint_url": ...}`` for S3).
         rank: overrides the rank read from ``torch.distributed`` / env vars.
         world_size: overrides the world size read from ``torch.distributed`` / env vars.
+        in_place: read a local directory where it lies, without copying it into the cache.
+            ``None`` (default): when it is on the same file system as ``cache_dir``, where a
+            copy gains no speed and doubles the space; ``True``: any local directory; ``False``:
+            always copy (a network or FUSE mount is another file system, so it is copied by
+            default). A remote volume is always copied.
     """
 
     def __init__(
@@ -90,6 +98,7 @@ class VolumeDataset(IterableDataset[T]):
         storage_options: dict[str, Any] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        in_place: bool | None = None,
     ) -> None:
         super().__init__()
         self.url = os.fspath(path)
@@ -106,6 +115,8 @@ class VolumeDataset(IterableDataset[T]):
         namespace = hashlib.sha256(identity.encode()).hexdigest()[:16]
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self._cache_namespace = namespace
+        self.in_place = self._reads_in_place(fs, root, in_place)
+        """Whether this dataset reads its local directory in place (see ``in_place``)."""
         self.transform = transform
         self.shuffle = shuffle
         self.seed = seed
@@ -185,7 +196,24 @@ class VolumeDataset(IterableDataset[T]):
         mine = worker_share(share, worker=source, num_workers=workers)[plan.skip[source] :]
         return self._read(mine)
 
+    def _reads_in_place(self, fs: Any, root: str, in_place: bool | None) -> bool:
+        if not is_local(fs):
+            if in_place:
+                raise ValueError(f"in_place=True needs a local directory, not {self.url!r}")
+            return False
+        if in_place is None:
+            return on_same_file_system(root, self.cache_dir)
+        return in_place
+
     def _read(self, indices: list[int]) -> Iterator[Any]:
+        if self.in_place:
+            _, root = resolve(self.url, self.storage_options)
+            for path in read_in_place(root, [self.files[i] for i in indices], self.prefetch):
+                yield path if self.transform is None else self.transform(path)
+            return
+        yield from self._read_cached(indices)
+
+    def _read_cached(self, indices: list[int]) -> Iterator[Any]:
         cache = LocalCache(
             self.cache_dir,
             namespace=self._cache_namespace,

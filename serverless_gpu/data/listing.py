@@ -8,12 +8,14 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from serverless_gpu.data._fs import join, request_bounds, resolve
+from serverless_gpu.data._fs import is_local, join, request_bounds, resolve
 from serverless_gpu.data.errors import EmptyVolumeError, VolumeNotFoundError, VolumeReadError
 
 __all__ = ["VolumeFile", "copy_file", "list_volume"]
 
 _COPY_CHUNK = 4 << 20
+_ONE_REQUEST = 16 << 20
+"""Remote files up to this size are read with one ranged request, held in memory."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,15 @@ def copy_file(
     fs, root = resolve(url, storage_options)
     source = join(root, relpath)
     try:
+        if max_bytes is not None and 0 < max_bytes <= _ONE_REQUEST and not is_local(fs):
+            # fs.open asks an object store for the size first (a HEAD) unless this process
+            # listed the volume itself, and a DataLoader worker did not: one ranged GET, one
+            # byte past the listed size so that a file which grew is still noticed.
+            data = fs.cat_file(source, start=0, end=max_bytes + 1)
+            if len(data) > max_bytes:
+                raise _TooLong
+            out.write(data)
+            return
         with fs.open(source, "rb") as src:
             _copy_at_most(src, out, max_bytes)
     except _TooLong:

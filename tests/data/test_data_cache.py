@@ -228,8 +228,9 @@ def test_a_dataset_never_reads_files_cached_before_a_reboot(
     volume = tmp_path / "vol"
     volume.mkdir()
     (volume / "a.bin").write_bytes(b"a" * 1024)
-    before: list[str] = list(VolumeDataset(volume, tmp_path / "cache", min_free_bytes=0))
+    cache = tmp_path / "cache"  # the same file system: copied only when asked to
+    before: list[str] = list(VolumeDataset(volume, cache, min_free_bytes=0, in_place=False))
     monkeypatch.setattr(dataset_module, "boot_id", lambda: "the next boot")
-    after: list[str] = list(VolumeDataset(volume, tmp_path / "cache", min_free_bytes=0))
+    after: list[str] = list(VolumeDataset(volume, cache, min_free_bytes=0, in_place=False))
     assert Path(before[0]).parent != Path(after[0]).parent
     assert Path(after[0]).read_bytes() == b"a" * 1024

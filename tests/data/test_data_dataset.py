@@ -4,6 +4,8 @@ local directory and the moto S3 server."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -65,12 +67,14 @@ def test_missing_and_empty_volumes_are_clear_errors(storage: Storage, tmp_path: 
 @pytest.mark.timeout(60)
 def test_yields_cached_paths_and_transformed_items(storage: Storage, tmp_path: Path) -> None:
     names = fill(storage, 5)
-    paths = list(make(storage, tmp_path))
+    # A local volume on the cache's file system is read in place unless asked otherwise.
+    copy = {"in_place": False} if storage.kind == "local" else {}
+    paths = list(make(storage, tmp_path, **copy))
     assert [os.path.basename(p) for p in paths] == names
     assert all(Path(p).is_relative_to(tmp_path / "cache") for p in paths)
     assert [Path(p).read_bytes() for p in paths] == [f"payload {n}".encode() for n in names]
 
-    decoded = make(storage, tmp_path, transform=lambda p: Path(p).read_text().upper())
+    decoded = make(storage, tmp_path, transform=lambda p: Path(p).read_text().upper(), **copy)
     loader = decoded.loader(batch_size=2, num_workers=2)
     got = sorted(item for batch in loader for item in batch)
     assert got == sorted(f"PAYLOAD {n.upper()}" for n in names)
@@ -197,3 +201,79 @@ def test_an_s3_server_that_stops_answering_is_an_error_naming_the_file(
             VolumeDataset(url, tmp_path / "cache", storage_options=options)
     finally:
         proxy.close()
+
+
+def test_a_small_object_is_fetched_in_one_request(
+    s3_endpoint: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cold read of an object of a few MiB is one ranged GET, not a HEAD for its size and
+    then a GET: on an object store the request count, not the bytes, bounds small files. The
+    moto server's own request log counts what reached it."""
+    options = {"endpoint_url": s3_endpoint}
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    fs.mkdir(bucket)
+    sizes = {"a.bin": 256 << 10, "b.bin": 3 << 20, "c.bin": 1}
+    for name, size in sizes.items():
+        fs.pipe_file(f"{bucket}/vol/{name}", os.urandom(size))
+    ds = VolumeDataset(
+        f"s3://{bucket}/vol", tmp_path / "cache", storage_options=options, min_free_bytes=0
+    )
+    with caplog.at_level("INFO", logger="werkzeug"):
+        # In DataLoader workers: a worker's S3 client is its own, without the listing's sizes.
+        paths = [p for batch in ds.loader(batch_size=1, num_workers=2) for p in batch]
+    assert sorted(Path(p).stat().st_size for p in paths) == sorted(sizes.values())
+    lines = [r.getMessage() for r in caplog.records if r.name == "werkzeug"]
+    for name in sizes:
+        mine = [line for line in lines if f"/vol/{name} " in line]
+        assert len(mine) == 1 and "GET /" in mine[0], (name, mine)
+
+
+@pytest.mark.timeout(60)
+def test_a_local_volume_on_the_caches_file_system_is_read_in_place(tmp_path: Path) -> None:
+    """No copy where a copy gains nothing: the paths are the volume's own, every file is
+    checked against its listing at its turn, and the cache folder stays empty."""
+    volume = tmp_path / "vol"
+    volume.mkdir()
+    for i in range(6):
+        (volume / f"{i}.bin").write_bytes(bytes([i]) * (100 + i))
+    cache = tmp_path / "cache"
+    ds = VolumeDataset(volume, cache, min_free_bytes=0, transform=lambda p: p)
+    assert ds.in_place
+    got = sorted(p for batch in ds.loader(batch_size=2, num_workers=2) for p in batch)
+    assert got == sorted(str(volume / f"{i}.bin") for i in range(6))
+    assert not any(p.is_file() for p in cache.rglob("*"))
+
+    listed = VolumeDataset(volume, cache, min_free_bytes=0)
+    (volume / "2.bin").unlink()  # deleted after the listing: an error naming it, in the loop
+    seen: list[str] = []
+    with pytest.raises(VolumeReadError, match=r"2\.bin") as err:
+        seen.extend(listed)
+    assert "No such file" in str(err.value)
+    assert seen == [str(volume / f"{i}.bin") for i in range(2)], "every file before it came"
+    (volume / "2.bin").write_bytes(b"longer than it was")
+    with pytest.raises(VolumeReadError, match="listed 102"):
+        list(listed)
+
+    assert not VolumeDataset(volume, cache, in_place=False).in_place
+    remote = f"memory://{uuid.uuid4().hex}"
+    fsspec.filesystem("memory").pipe_file(f"{remote}/a.bin", b"a")
+    with pytest.raises(ValueError, match="local directory"):
+        VolumeDataset(remote, cache, in_place=True)
+
+
+def test_a_local_volume_on_another_file_system_is_copied(tmp_path: Path) -> None:
+    """A mount (network, FUSE, tmpfs) is another file system than the cache's: its files are
+    copied, as they would be from an object store."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second file system here")
+    volume = Path(tempfile.mkdtemp(dir=shm, prefix="sgpu-test-vol-"))
+    try:
+        (volume / "a.bin").write_bytes(b"a" * 64)
+        ds = VolumeDataset(volume, tmp_path / "cache", min_free_bytes=0)
+        assert not ds.in_place
+        (path,) = list(ds)
+        assert Path(path).is_relative_to(tmp_path / "cache")
+    finally:
+        shutil.rmtree(volume, ignore_errors=True)

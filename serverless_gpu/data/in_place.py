@@ -1,0 +1,75 @@
+"""Reading a local volume where it lies, without a copy into the cache.
+
+A volume on the cache's own file system gains nothing from a copy: the bytes come off the same
+disk either way, and the copy doubles the space they take. Such a volume is read in place (see
+``VolumeDataset(in_place=...)``). The disk still reads ahead: the kernel is asked for the files
+the loop will want next (``POSIX_FADV_WILLNEED``) while it works on the current one, which takes
+no thread.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from serverless_gpu.data.errors import VolumeReadError
+from serverless_gpu.data.listing import VolumeFile
+
+__all__ = ["on_same_file_system", "read_in_place"]
+
+
+def on_same_file_system(volume: str, cache_dir: str | os.PathLike[str]) -> bool:
+    """True when ``volume`` lies on the file system that holds (or will hold) ``cache_dir``."""
+    try:
+        return os.stat(volume).st_dev == os.stat(_existing(Path(cache_dir))).st_dev
+    except OSError:
+        return False
+
+
+def _existing(path: Path) -> Path:
+    """``path``, or its nearest parent that exists (the cache folder is made on first use)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return path
+
+
+def read_in_place(root: str, files: Sequence[VolumeFile], ahead: int) -> Iterator[str]:
+    """The local path of every file in ``files``, in order, each checked against its listing;
+    the next ``ahead`` files are being read from disk meanwhile."""
+    paths = [os.path.join(root, f.relpath) for f in files]
+    for path in paths[:ahead]:
+        _will_need(path)
+    for k, file in enumerate(files):
+        if k + ahead < len(paths):
+            _will_need(paths[k + ahead])
+        yield _checked(paths[k], file.size)
+
+
+def _checked(path: str, size: int) -> str:
+    """``path`` when it is still there with the listed size; else a ``VolumeReadError`` naming
+    it (a file deleted or rewritten since the listing is an error, never a silent skip)."""
+    try:
+        now = os.stat(path).st_size
+    except OSError as exc:
+        raise VolumeReadError(f"cannot read {path}: {exc}") from exc
+    if now != size:
+        raise VolumeReadError(
+            f"{path}: {now} bytes but the volume listed {size}; the file changed after the "
+            "dataset listed the volume"
+        )
+    return path
+
+
+def _will_need(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # its own turn reports it
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass  # a hint only; file systems without it read on demand
+    finally:
+        os.close(fd)
