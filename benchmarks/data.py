@@ -8,7 +8,10 @@ together), with 0, 2 and 4 DataLoader workers per rank:
 - ``VolumeDataset`` + its loader (cold: an empty cache; warm: the next epoch, cached);
 - a plain ``DataLoader`` over a file-list dataset (local: ``open``; S3: ``s3fs.cat_file``);
 - ``webdataset`` over tar shards of the same samples (local), when it is installed;
-- ``streaming-community``'s ``StreamingDataset`` over MDS shards, when it imports.
+- ``streaming-community``'s ``StreamingDataset`` over MDS shards of the same samples (local
+  shards read in place; S3: its own download into an empty local folder), when installed.
+  ``streaming.vision`` is left out of its import: it needs torchvision, whose PyPI wheels do not
+  load against a CPU build of torch; the MDS reader does not use it.
 
 Ceilings in the same run: ``cat`` of the same files (local) and a 16-thread ``s3fs`` read (S3).
 Figures: samples/s and MB/s (all ranks together, the slowest rank's wall time), time to first
@@ -72,6 +75,8 @@ class Source:
     s3_paths: list[str]
     shards: list[str]
     s3_options: dict[str, Any] = field(default_factory=dict)
+    mds: Path | None = None
+    s3_mds: str = ""
 
 
 @dataclass(frozen=True)
@@ -202,10 +207,47 @@ def webdataset_epochs(
     return {"cold": timed_epoch(loader), "warm": timed_epoch(loader)}
 
 
+def import_streaming() -> Any:
+    """``streaming`` without ``streaming.vision`` (see the module docstring)."""
+    import importlib.util
+
+    if "streaming" not in sys.modules and importlib.util.find_spec("streaming") is not None:
+        import types
+
+        vision = types.ModuleType("streaming.vision", "left out: it imports torchvision")
+        sys.modules.setdefault("streaming.vision", vision)
+    import streaming
+
+    return streaming
+
+
+def streaming_epochs(
+    src: Source, where: str, rank: int, world: int, workers: int, cache: str
+) -> dict[str, Epoch]:
+    streaming = import_streaming()
+    # Its ranks find each other through these (and shared memory), not torch.distributed.
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")  # fmt: skip
+    if where == "s3":
+        os.environ["S3_ENDPOINT_URL"] = src.s3_options["endpoint_url"]
+        where_from = {"remote": src.s3_mds, "local": os.path.join(cache, "mds")}
+    else:
+        where_from = {"local": str(src.mds)}
+
+    class Lengths(streaming.StreamingDataset):  # type: ignore[name-defined]
+        def __getitem__(self, index: int) -> int:
+            return len(super().__getitem__(index)["bin"])
+
+    data = Lengths(**where_from, batch_size=BATCH, shuffle=False, predownload=8 * BATCH)
+    loader: DataLoader[int] = DataLoader(data, batch_size=BATCH, num_workers=workers)
+    return {"cold": timed_epoch(loader), "warm": timed_epoch(loader)}
+
+
 READERS: dict[str, Callable[..., dict[str, Epoch]]] = {
     "VolumeDataset": volume_epochs,
     "file-list DataLoader": filelist_epochs,
     "webdataset": webdataset_epochs,
+    "streaming-community": streaming_epochs,
 }
 
 
@@ -223,6 +265,7 @@ def run_ranks(reader: str, src: Source, where: str, world: int, workers: int) ->
     ctx = multiprocessing.get_context("fork")
     barrier, out = ctx.Barrier(world), ctx.Queue()
     cache = tempfile.mkdtemp(prefix="sgpu-bench-cache-")
+    os.environ["MASTER_PORT"] = str(free_port())  # streaming-community's ranks meet there
     procs = [
         ctx.Process(
             target=_rank_entry,
@@ -296,9 +339,24 @@ def make_source(variant: Variant, root: Path, endpoint: str) -> Source:
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda n: fs.pipe_file(f"{bucket}/{n}", (folder / n).read_bytes()), s3_names))
     shards = _tar_shards(folder, names, root / f"{variant.name}-shards", count=16)
-    return Source(
+    src = Source(
         variant, folder, f"s3://{bucket}", [f"{bucket}/{n}" for n in s3_names], shards, options
     )
+    if "streaming-community" not in unavailable():
+        src.mds = _mds_shards(folder, names, root / f"{variant.name}-mds", count=16)
+        s3_mds = _mds_shards(folder, s3_names, root / f"{variant.name}-mds-s3", count=16)
+        fs.put(str(s3_mds), f"{bucket}/mds", recursive=True)
+        src.s3_mds = f"s3://{bucket}/mds"
+    return src
+
+
+def _mds_shards(folder: Path, names: list[str], out: Path, count: int) -> Path:
+    streaming = import_streaming()
+    limit = max(1, len(names) * (folder / names[0]).stat().st_size // count)
+    with streaming.MDSWriter(out=str(out), columns={"bin": "bytes"}, size_limit=limit) as mds:
+        for name in names:
+            mds.write({"bin": (folder / name).read_bytes()})
+    return out
 
 
 def _tar_shards(folder: Path, names: list[str], out: Path, count: int) -> list[str]:
@@ -355,11 +413,9 @@ def unavailable() -> dict[str, str]:
     except ImportError as exc:
         missing["webdataset"] = f"not installed ({exc})"
     try:
-        import streaming  # noqa: F401
-    except Exception as exc:  # it imports torchvision, which must match torch
+        import_streaming()
+    except Exception as exc:
         missing["streaming-community"] = f"does not import here: {type(exc).__name__}: {exc}"
-    else:
-        missing["streaming-community"] = "imports, but this benchmark has no MDS reader yet"
     return missing
 
 
