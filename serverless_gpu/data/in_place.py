@@ -4,7 +4,7 @@ A volume on the cache's own file system gains nothing from a copy: the bytes com
 disk either way, and the copy doubles the space they take. Such a volume is read in place (see
 ``VolumeDataset(in_place=...)``). The disk still reads ahead: the kernel is asked for the files
 the loop will want next (``POSIX_FADV_WILLNEED``) while it works on the current one, which takes
-no thread.
+no thread, and only for files whose bytes are not in memory already.
 """
 
 from __future__ import annotations
@@ -35,15 +35,21 @@ def _existing(path: Path) -> Path:
     return path
 
 
+_WARM_RUN = 64
+"""Files in a row found in memory after which a pass stops asking (the rest is likely too)."""
+
+
 def read_in_place(root: str, files: Sequence[VolumeFile], ahead: int) -> Iterator[str]:
-    """The local path of every file in ``files``, in order, each checked against its listing;
-    the next ``ahead`` files are being read from disk meanwhile."""
+    """The local path of every file in ``files``, in order, each checked against its listing
+    at its turn; the disk reads the next ``ahead`` files meanwhile."""
     paths = [os.path.join(root, f.relpath) for f in files]
-    for path in paths[:ahead]:
-        _will_need(path)
+    in_memory = 0
+    for k in range(min(ahead, len(paths))):
+        in_memory = in_memory + 1 if _read_ahead(paths[k]) else 0
     for k, file in enumerate(files):
-        if k + ahead < len(paths):
-            _will_need(paths[k + ahead])
+        later = k + ahead
+        if ahead > 0 and later < len(paths) and in_memory < _WARM_RUN:
+            in_memory = in_memory + 1 if _read_ahead(paths[later]) else 0
         yield _checked(paths[k], file.size)
 
 
@@ -62,14 +68,21 @@ def _checked(path: str, size: int) -> str:
     return path
 
 
-def _will_need(path: str) -> None:
+def _read_ahead(path: str) -> bool:
+    """Ask the disk for ``path`` unless its bytes are in memory already; True when they are.
+    Asking whether they are costs a microsecond, asking the disk for cached bytes several."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return  # its own turn reports it
+        return False  # its own turn reports it
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-    except OSError:
-        pass  # a hint only; file systems without it read on demand
+        os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)
+        return True
+    except (OSError, AttributeError):  # BlockingIOError: on disk; others: cannot tell
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # a hint only; file systems without it read on demand
+        return False
     finally:
         os.close(fd)
