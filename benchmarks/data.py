@@ -518,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="sgpu-bench-data-"))
     try:
         sources = [make_source(v, root, endpoint) for v in variants]
+        os.sync()  # else the first reader measured competes with the write-back of it all
         log("data written")
         ceilings = {}
         for src in sources:
