@@ -68,7 +68,7 @@ def test_missing_and_empty_volumes_are_clear_errors(storage: Storage, tmp_path: 
 def test_yields_cached_paths_and_transformed_items(storage: Storage, tmp_path: Path) -> None:
     names = fill(storage, 5)
     # A local volume on the cache's file system is read in place unless asked otherwise.
-    copy = {"in_place": False} if storage.kind == "local" else {}
+    copy: dict[str, Any] = {"in_place": False} if storage.kind == "local" else {}
     paths = list(make(storage, tmp_path, **copy))
     assert [os.path.basename(p) for p in paths] == names
     assert all(Path(p).is_relative_to(tmp_path / "cache") for p in paths)
@@ -216,7 +216,7 @@ def test_a_small_object_is_fetched_in_one_request(
     sizes = {"a.bin": 256 << 10, "b.bin": 3 << 20, "c.bin": 1}
     for name, size in sizes.items():
         fs.pipe_file(f"{bucket}/vol/{name}", os.urandom(size))
-    ds = VolumeDataset(
+    ds: VolumeDataset[str] = VolumeDataset(
         f"s3://{bucket}/vol", tmp_path / "cache", storage_options=options, min_free_bytes=0
     )
     with caplog.at_level("INFO", logger="werkzeug"):
@@ -244,7 +244,7 @@ def test_a_local_volume_on_the_caches_file_system_is_read_in_place(tmp_path: Pat
     assert got == sorted(str(volume / f"{i}.bin") for i in range(6))
     assert not any(p.is_file() for p in cache.rglob("*"))
 
-    listed = VolumeDataset(volume, cache, min_free_bytes=0)
+    listed: VolumeDataset[str] = VolumeDataset(volume, cache, min_free_bytes=0)
     (volume / "2.bin").unlink()  # deleted after the listing: an error naming it, in the loop
     seen: list[str] = []
     with pytest.raises(VolumeReadError, match=r"2\.bin") as err:
@@ -271,7 +271,7 @@ def test_a_local_volume_on_another_file_system_is_copied(tmp_path: Path) -> None
     volume = Path(tempfile.mkdtemp(dir=shm, prefix="sgpu-test-vol-"))
     try:
         (volume / "a.bin").write_bytes(b"a" * 64)
-        ds = VolumeDataset(volume, tmp_path / "cache", min_free_bytes=0)
+        ds: VolumeDataset[str] = VolumeDataset(volume, tmp_path / "cache", min_free_bytes=0)
         assert not ds.in_place
         (path,) = list(ds)
         assert Path(path).is_relative_to(tmp_path / "cache")
