@@ -72,7 +72,9 @@ def test_the_flight_recorder_counts_the_calls_collectives_only(
 
 def test_warm_process_group_false_starts_without_a_group() -> None:
     distributed(**OPTIONS)(warm_fns.warm).distributed()  # leaves a set with a group
-    fn = distributed(**OPTIONS, warm_process_group=False)(warm_fns.init_use_destroy_twice)
+    # One group of torch's own: two in a row on MASTER_PORT race in torch (warm_fns says how;
+    # it failed so in CI with "Gloo connectFullMesh failed ... Connection closed by peer").
+    fn = distributed(**OPTIONS, warm_process_group=False)(warm_fns.init_use_destroy)
     for seen in fn.distributed():
         assert seen["warm"] is False
         assert seen["first_store_is_master_port"]

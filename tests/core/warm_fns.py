@@ -29,14 +29,22 @@ def _all_reduce() -> float:
     return float(value)
 
 
-def init_use_destroy_twice() -> dict[str, Any]:
-    """init, all-reduce, destroy; then the same again (the second group is torch's own)."""
+def init_use_destroy() -> dict[str, Any]:
+    """init, all-reduce, destroy."""
     seen: dict[str, Any] = {"warm": dist.is_initialized()}
     dist.init_process_group("gloo")
     seen["first"] = (dist.get_rank(), dist.get_world_size(), dist.get_backend(), _all_reduce())
     seen["first_store_is_master_port"] = store_port() == int(os.environ["MASTER_PORT"])
     dist.destroy_process_group()
     seen["after_destroy"] = dist.is_initialized()
+    return seen
+
+
+def init_use_destroy_twice() -> dict[str, Any]:
+    """init, all-reduce, destroy; then the same again (the second group is torch's own).
+    Only after a warm first group: two of torch's own groups in a row on MASTER_PORT race in
+    torch itself (a rank may meet rank 0's first store, not yet closed, and its stale keys)."""
+    seen = init_use_destroy()
     dist.init_process_group("gloo")
     seen["second"] = (dist.get_rank(), dist.get_world_size(), _all_reduce())
     seen["second_store_is_master_port"] = store_port() == int(os.environ["MASTER_PORT"])
