@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from serverless_gpu.common import settings
-from serverless_gpu.data.errors import CacheFullError, VolumeReadError
+from serverless_gpu.data.errors import CacheFullError, VolumeReadError, changed_since_listing
 
 __all__ = ["CachePin", "LocalCache", "boot_id", "default_cache_dir"]
 
@@ -169,10 +169,7 @@ class LocalCache:
                     os.fsync(out.fileno())
                 written = out.tell()
             if written != size:
-                raise VolumeReadError(
-                    f"{target.name}: read {written} bytes but the volume listed {size}; the file "
-                    "changed after the dataset listed the volume"
-                )
+                raise changed_since_listing(target.name, written, size)
             os.replace(tmp, target)
         except OSError as exc:
             tmp.unlink(missing_ok=True)

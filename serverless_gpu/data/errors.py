@@ -51,3 +51,12 @@ class IncompleteCheckpointError(VolumeError):
 
 class CheckpointMismatchError(VolumeError):
     """A checkpoint or dataset state does not fit the job that tries to resume from it."""
+
+
+def changed_since_listing(name: str, found: int, listed: int) -> VolumeReadError:
+    """The error for a file whose size is no longer the one the dataset listed; one wording for
+    the cache's copy and the read in place."""
+    return VolumeReadError(
+        f"{name}: {found} bytes but the volume listed {listed}; the file changed after the "
+        "dataset listed the volume"
+    )

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from serverless_gpu.data.errors import VolumeReadError
+from serverless_gpu.data.errors import VolumeReadError, changed_since_listing
 from serverless_gpu.data.listing import VolumeFile
 
 __all__ = ["on_same_file_system", "read_in_place"]
@@ -61,10 +61,7 @@ def _checked(path: str, size: int) -> str:
     except OSError as exc:
         raise VolumeReadError(f"cannot read {path}: {exc}") from exc
     if now != size:
-        raise VolumeReadError(
-            f"{path}: {now} bytes but the volume listed {size}; the file changed after the "
-            "dataset listed the volume"
-        )
+        raise changed_since_listing(path, now, size)
     return path
 
 
