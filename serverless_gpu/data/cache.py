@@ -45,6 +45,12 @@ class CachePin:
         self.path = path
         self._fd: int | None = fd
 
+    def fileno(self) -> int:
+        """The pinned file's descriptor, open for reading."""
+        if self._fd is None:
+            raise ValueError("the pin is closed")
+        return self._fd
+
     def close(self) -> None:
         """Release the pin."""
         if self._fd is not None:

@@ -9,13 +9,18 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, Literal, TypeVar
 
 from torch.utils.data import IterableDataset, get_worker_info
 
 from serverless_gpu.data._fs import is_local, resolve
 from serverless_gpu.data.cache import CachePin, LocalCache, boot_id, default_cache_dir
-from serverless_gpu.data.errors import EmptyVolumeError, PositionUnknownError
+from serverless_gpu.data.errors import (
+    EmptyVolumeError,
+    PositionUnknownError,
+    VolumeReadError,
+    changed_since_listing,
+)
 from serverless_gpu.data.in_place import on_same_file_system, read_in_place
 from serverless_gpu.data.listing import VolumeFile, copy_file, list_volume
 from serverless_gpu.data.position import Fingerprint, Position
@@ -24,11 +29,14 @@ from serverless_gpu.data.sharding import (
     Balance,
     ResumePlan,
     batches_for,
+    block_share,
     epoch_order,
+    rank_block,
     rank_share,
     resume_plan,
     worker_share,
 )
+from serverless_gpu.data.shards import OpenShard, Sample, index_shards, read_samples, shard_order
 from serverless_gpu.data.topology import resolve_topology
 
 __all__ = ["UCVolumeDataset", "VolumeDataset"]
@@ -79,6 +87,12 @@ class VolumeDataset(IterableDataset[T]):
             copy gains no speed and doubles the space; ``True``: any local directory; ``False``:
             always copy (a network or FUSE mount is another file system, so it is copied by
             default). A remote volume is always copied.
+        shards: ``"tar"``: the volume's files are tar shards (``glob`` defaults to ``"*.tar"``)
+            and the items are their samples, WebDataset's way: a ``dict`` of field name to
+            ``bytes`` with ``"__key__"`` (``transform`` gets that dict). Each shard is fetched
+            whole (``prefetch`` counts shards), ranks and workers read contiguous parts of the
+            epoch order, and ``shuffle`` permutes the shards and the samples within each. See
+            :mod:`serverless_gpu.data.shards` for the index that lists the samples.
     """
 
     def __init__(
@@ -88,7 +102,7 @@ class VolumeDataset(IterableDataset[T]):
         *,
         recursive: bool = False,
         glob: str | None = None,
-        transform: Callable[[str], T] | None = None,
+        transform: Callable[[Any], T] | None = None,
         shuffle: bool = False,
         seed: int = 0,
         balance: Balance = "pad",
@@ -99,13 +113,24 @@ class VolumeDataset(IterableDataset[T]):
         rank: int | None = None,
         world_size: int | None = None,
         in_place: bool | None = None,
+        shards: Literal["tar"] | None = None,
     ) -> None:
         super().__init__()
+        if shards not in (None, "tar"):
+            raise ValueError(f"shards must be None or 'tar', not {shards!r}")
         self.url = os.fspath(path)
         self.storage_options = dict(storage_options or {})
+        if shards is not None and glob is None:
+            glob = "*.tar"
         self.files: list[VolumeFile] = list_volume(
             self.url, recursive=recursive, glob=glob, storage_options=self.storage_options
         )
+        self.samples: list[Sample] | None = None
+        """With ``shards``: every sample of the volume, shard by shard."""
+        if shards is not None:
+            self.samples = index_shards(self.url, self.files, self.storage_options)
+            if not self.samples:
+                raise EmptyVolumeError(f"the tar shards of {self.url!r} hold no regular file")
         fs, root = resolve(self.url, self.storage_options)
         # The boot is part of the namespace: the cache publishes files without fsync (8x the
         # copy rate), so a file cached before a crash or power loss is never read again.
@@ -171,9 +196,7 @@ class VolumeDataset(IterableDataset[T]):
         workers = max(1, num_workers)
         share = self._rank_share()
         return sum(
-            batches_for(
-                len(worker_share(share, worker=w, num_workers=workers)), batch_size, drop_last
-            )
+            batches_for(len(self._worker_part(share, w, workers)), batch_size, drop_last)
             for w in range(workers)
         )
 
@@ -186,14 +209,14 @@ class VolumeDataset(IterableDataset[T]):
         plan = ResumePlan(skip=(0,) * workers, first=0)
         if self._position.batches_consumed:
             plan = resume_plan(
-                [len(worker_share(share, worker=w, num_workers=workers)) for w in range(workers)],
+                [len(self._worker_part(share, w, workers)) for w in range(workers)],
                 batch_size=self._position.batch_size,
                 drop_last=self._position.drop_last,
                 batches_consumed=self._position.batches_consumed,
             )
         # Rotating the streams makes the resumed DataLoader's round-robin continue in order.
         source = (plan.first + worker) % workers
-        mine = worker_share(share, worker=source, num_workers=workers)[plan.skip[source] :]
+        mine = self._worker_part(share, source, workers)[plan.skip[source] :]
         return self._read(mine)
 
     def _reads_in_place(self, fs: Any, root: str, in_place: bool | None) -> bool:
@@ -206,6 +229,11 @@ class VolumeDataset(IterableDataset[T]):
         return in_place
 
     def _read(self, indices: list[int]) -> Iterator[Any]:
+        if self.samples is not None:
+            samples = read_samples(self.samples, indices, self._open_shard, ahead=self.prefetch)
+            for sample in samples:
+                yield sample if self.transform is None else self.transform(sample)
+            return
         if self.in_place:
             _, root = resolve(self.url, self.storage_options)
             for path in read_in_place(root, [self.files[i] for i in indices], self.prefetch):
@@ -214,12 +242,7 @@ class VolumeDataset(IterableDataset[T]):
         yield from self._read_cached(indices)
 
     def _read_cached(self, indices: list[int]) -> Iterator[Any]:
-        cache = LocalCache(
-            self.cache_dir,
-            namespace=self._cache_namespace,
-            min_free_bytes=self.min_free_bytes,
-            durable=False,
-        )
+        cache = self._cache()
         recent: deque[CachePin] = deque()
 
         def fetch(index: int) -> CachePin:
@@ -241,6 +264,29 @@ class VolumeDataset(IterableDataset[T]):
             for pin in recent:
                 pin.close()
 
+    def _open_shard(self, number: int) -> OpenShard:
+        shard = self.files[number]
+        if not self.in_place:
+            pin = self._cache().acquire(shard.relpath, shard.size, partial(self._copy, shard))
+            return OpenShard(pin.fileno(), shard.relpath, pin.close)
+        path = os.path.join(resolve(self.url, self.storage_options)[1], shard.relpath)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise VolumeReadError(f"cannot read {path}: {exc}") from exc
+        if (size := os.fstat(fd).st_size) != shard.size:
+            os.close(fd)
+            raise changed_since_listing(path, size, shard.size)
+        return OpenShard(fd, path, partial(os.close, fd))
+
+    def _cache(self) -> LocalCache:
+        return LocalCache(
+            self.cache_dir,
+            namespace=self._cache_namespace,
+            min_free_bytes=self.min_free_bytes,
+            durable=False,
+        )
+
     def _copy(self, file: VolumeFile, out: BinaryIO) -> None:
         copy_file(
             self.url, file.relpath, out, storage_options=self.storage_options, max_bytes=file.size
@@ -248,16 +294,25 @@ class VolumeDataset(IterableDataset[T]):
 
     def _rank_share(self) -> list[int]:
         rank, world_size = self._topology
-        order = epoch_order(
-            len(self.files), epoch=self._position.epoch, seed=self.seed, shuffle=self.shuffle
-        )
+        epoch, seed, shuffle = self._position.epoch, self.seed, self.shuffle
+        if self.samples is not None:
+            order = shard_order(self.samples, epoch=epoch, seed=seed, shuffle=shuffle)
+            return rank_block(order, rank=rank, world_size=world_size, balance=self.balance)
+        order = epoch_order(len(self.files), epoch=epoch, seed=seed, shuffle=shuffle)
         return rank_share(order, rank=rank, world_size=world_size, balance=self.balance)
+
+    def _worker_part(self, share: list[int], worker: int, workers: int) -> list[int]:
+        if self.samples is not None:  # contiguous: a worker fetches only its own shards
+            return block_share(share, part=worker, parts=workers)
+        return worker_share(share, worker=worker, num_workers=workers)
 
     def _fingerprint(self) -> Fingerprint:
         names = "\n".join(f.relpath for f in self.files).encode()
+        if self.samples is not None:
+            names += "\n".join(s.key for s in self.samples).encode()
         rank, world_size = self._topology
         return Fingerprint(
-            num_files=len(self.files),
+            num_files=len(self.files) if self.samples is None else len(self.samples),
             files_digest=hashlib.sha256(names).hexdigest(),
             shuffle=self.shuffle,
             seed=self.seed,
@@ -354,7 +409,7 @@ class UCVolumeDataset(VolumeDataset[T]):
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         if info is None:
             self._topology = resolve_topology(*self._explicit_topology)
-        mine = worker_share(self._rank_share(), worker=worker, num_workers=workers)
+        mine = self._worker_part(self._rank_share(), worker, workers)
         skip, self._skip = self._skip, 0  # a resume applies to one iteration
         return self._counted(self._read(mine[skip:]), skip)
 

@@ -23,9 +23,11 @@ __all__ = [
     "Balance",
     "ResumePlan",
     "batches_for",
+    "block_share",
     "delivery_order",
     "epoch_order",
     "epoch_seed",
+    "rank_block",
     "rank_share",
     "resume_plan",
     "worker_share",
@@ -56,6 +58,17 @@ def rank_share(order: list[int], *, rank: int, world_size: int, balance: Balance
     ``DistributedSampler``), ``"drop"`` leaves out the tail of the order, ``"none"`` keeps every
     file exactly once and lets ranks differ by one item.
     """
+    return _balanced(order, rank=rank, world_size=world_size, balance=balance)[rank::world_size]
+
+
+def rank_block(order: list[int], *, rank: int, world_size: int, balance: Balance) -> list[int]:
+    """Like :func:`rank_share`, but the rank's part is a contiguous block of the order (the
+    rule for tar shards, whose samples are read shard by shard)."""
+    order = _balanced(order, rank=rank, world_size=world_size, balance=balance)
+    return block_share(order, part=rank, parts=world_size)
+
+
+def _balanced(order: list[int], *, rank: int, world_size: int, balance: Balance) -> list[int]:
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world_size {world_size}")
     remainder = len(order) % world_size
@@ -64,7 +77,15 @@ def rank_share(order: list[int], *, rank: int, world_size: int, balance: Balance
         order = (order * (target // len(order) + 1))[:target]
     elif remainder and balance == "drop":
         order = order[: len(order) - remainder]
-    return order[rank::world_size]
+    return order
+
+
+def block_share(items: list[int], *, part: int, parts: int) -> list[int]:
+    """Contiguous part ``part`` of ``parts`` of ``items``; parts differ in length by one at most,
+    the longer ones first (``none``'s rule too: a rank or worker with more items comes first)."""
+    size, extra = divmod(len(items), parts)
+    start = part * size + min(part, extra)
+    return items[start : start + size + (1 if part < extra else 0)]
 
 
 def worker_share(items: list[int], *, worker: int, num_workers: int) -> list[int]:
