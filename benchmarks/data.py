@@ -254,8 +254,10 @@ def streaming_epochs(
     return {"cold": timed_epoch(loader), "warm": timed_epoch(loader)}
 
 
-def volume_tar_epochs(*args: Any) -> dict[str, Epoch]:
-    return volume_epochs(*args, tar=True)
+def volume_tar_epochs(
+    src: Source, where: str, rank: int, world: int, workers: int, cache: str
+) -> dict[str, Epoch]:
+    return volume_epochs(src, where, rank, world, workers, cache, tar=True)
 
 
 OURS = ("VolumeDataset", "VolumeDataset (tar)")
