@@ -19,6 +19,7 @@ shard files, ``dcp.async_save`` staging). Only the byte transport is replaced:
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -33,9 +34,10 @@ from fsspec.core import url_to_fs
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _TorchFsspecFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem, SavePlan
 from torch.futures import Future
 
+from serverless_gpu.data import dcp_read
 from serverless_gpu.data._fs import is_local
 from serverless_gpu.data.errors import IncompleteCheckpointError, VolumeReadError
 
@@ -200,9 +202,35 @@ class VolumeReader(FsspecReader):
         return super().read_metadata(*args, **kwargs)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        """Read this rank's items, after checking that their shards are whole."""
+        """Read this rank's items, after checking that their shards are whole: tensors straight
+        into their destinations where their layout allows, the rest through torch's reader."""
         self._check_shards(plan)
-        return super().read_data(plan, planner)
+        rest = self._read_direct(plan.items, planner)
+        if rest:
+            return super().read_data(dataclasses.replace(plan, items=rest), planner)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _read_direct(self, items: list[ReadItem], planner: LoadPlanner) -> list[ReadItem]:
+        """Read the items that allow it straight into their destinations, shard by shard in
+        offset order (a sequential read of each shard); return those left for torch's path."""
+        info = self.storage_data
+        rest: list[ReadItem] = []
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in sorted(items, key=lambda item: info[item.storage_index].offset):
+            per_file.setdefault(info[item.storage_index].relative_path, []).append(item)
+        staging = dcp_read.Staging()
+        for relative_path, reqs in per_file.items():
+            shard = self.fs.concat_path(self.path, relative_path)
+            with self.fs.create_stream(shard, "rb") as stream:
+                for item in reqs:
+                    found = dcp_read.find(stream, item, info[item.storage_index])
+                    if found is None:
+                        rest.append(item)
+                    else:
+                        dcp_read.place(stream, found, item, planner, staging)
+        return rest
 
     def _check_shards(self, plan: LoadPlan) -> None:
         """A shard shorter than ``.metadata`` says (a copy cut short, a full disk) is an error

@@ -17,7 +17,8 @@ import fsspec
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from data_support import Storage
+from data_rank_main import NotingReader
+from data_support import Launch, Storage
 from torch.distributed.checkpoint.api import CheckpointException
 
 from serverless_gpu.data import (
@@ -243,3 +244,60 @@ def test_a_truncated_shard_is_an_error_naming_it(storage: Storage) -> None:
     cut_short(storage, trained)
     with pytest.raises(VolumeReadError, match=r"__0_0\.distcp is \d+ bytes.*needs \d+"):
         load_training_state(trained, model=torch.nn.Linear(64, 64), storage_options=opts)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("save_sharded", [False, True], ids=["saved-whole", "saved-sharded"])
+def test_a_load_in_another_layout_reads_parts_of_chunks_directly(
+    storage: Storage, tmp_path: Path, launch: Launch, save_sharded: bool
+) -> None:
+    """Two ranks save, then load each tensor sharded along another dim, into other dtypes and
+    strided destinations: every value arrives; only the parts that are not contiguous in the
+    saved chunk (columns of rows) and the non-tensor item take torch's path."""
+    config = {
+        "scenario": "reshard",
+        "ckpt": storage.url("ckpt", "reshard"),
+        "storage_options": storage.storage_options,
+        "save_sharded": save_sharded,
+    }
+    run = launch(config, tmp_path / "ranks")
+    for result in run.results:
+        assert result is not None
+        assert all(result["same"].values()), result["same"]
+        assert result["left"] == ["cols", "step"]
+
+
+@pytest.mark.timeout(60)
+def test_a_strided_saved_tensor_takes_torchs_path_and_round_trips(storage: Storage) -> None:
+    path, opts = storage.url("ckpt", "strided"), storage.storage_options
+    saved = {"t": torch.randn(3, 5).t(), "view": torch.arange(10)[2:7], "w": torch.randn(4)}
+    dcp.save(saved, storage_writer=VolumeWriter(path, storage_options=opts))
+    loaded = {key: torch.zeros_like(value) for key, value in saved.items()}
+    reader = NotingReader(path, storage_options=opts)
+    dcp.load(loaded, storage_reader=reader)
+    for key, value in saved.items():
+        assert torch.equal(loaded[key], value), key
+    assert reader.left == {"t"}  # torch.save keeps a transposed tensor's strides
+
+
+@pytest.mark.timeout(60)
+def test_a_cast_on_the_way_in_goes_a_buffer_at_a_time(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A destination of another dtype (or device) is filled through the staging buffer, a
+    chunk at a time; with a 96-byte buffer, 1,000 bf16 values take 21 chunks."""
+    from serverless_gpu.data import dcp_read
+
+    monkeypatch.setattr(dcp_read.Staging, "CHUNK", 96)
+    path, opts = storage.url("ckpt", "cast"), storage.storage_options
+    saved = {
+        "half": torch.randn(40, 25).to(torch.bfloat16),
+        "odd": torch.arange(7, dtype=torch.int16),
+    }
+    dcp.save(saved, storage_writer=VolumeWriter(path, storage_options=opts))
+    loaded = {"half": torch.zeros(40, 25), "odd": torch.zeros(7, dtype=torch.float64)}
+    reader = NotingReader(path, storage_options=opts)
+    dcp.load(loaded, storage_reader=reader)
+    assert torch.equal(loaded["half"], saved["half"].float())
+    assert torch.equal(loaded["odd"], saved["odd"].double())
+    assert reader.left == set()
