@@ -38,6 +38,7 @@ from serverless_gpu.data.sharding import (
 )
 from serverless_gpu.data.shards import OpenShard, Sample, index_shards, read_samples, shard_order
 from serverless_gpu.data.topology import resolve_topology
+from serverless_gpu.data.worker_plan import IterationPlan, WorkerPlan, reseed_worker
 
 __all__ = ["UCVolumeDataset", "VolumeDataset"]
 
@@ -154,6 +155,9 @@ class VolumeDataset(IterableDataset[T]):
         self._position = Position()
         self._hold_epoch = False
         self._tracked = False
+        self._plan: WorkerPlan | None = None
+        """Each iteration's epoch, resume point and seed, for persistent workers."""
+        self._worker_iterations = 0
 
     @property
     def epoch(self) -> int:
@@ -205,6 +209,8 @@ class VolumeDataset(IterableDataset[T]):
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         if info is None:
             self._topology = resolve_topology(*self._explicit_topology)
+        elif self._tracked and self._plan is not None:
+            self._follow_plan(worker, workers)
         share = self._rank_share()
         plan = ResumePlan(skip=(0,) * workers, first=0)
         if self._position.batches_consumed:
@@ -343,6 +349,38 @@ class VolumeDataset(IterableDataset[T]):
         position.drop_last = drop_last
         position.num_workers = workers
         self._hold_epoch = False
+
+    def _share_plan(self, base_seed: int) -> None:
+        """After ``_begin_iteration``: what this iteration's workers must follow (persistent
+        ones kept the copy of the dataset they started with)."""
+        position = self._position
+        if self._plan is None:
+            self._plan = WorkerPlan()
+        self._plan.write(
+            IterationPlan(
+                epoch=position.epoch,
+                batches_consumed=position.batches_consumed,
+                batch_size=position.batch_size,
+                drop_last=position.drop_last,
+                base_seed=base_seed,
+            )
+        )
+
+    def _follow_plan(self, worker: int, workers: int) -> None:
+        """In a worker: take this iteration's position from the training process; from a
+        persistent worker's second iteration on, seed it as torch seeds a fresh worker."""
+        assert self._plan is not None
+        plan = self._plan.read()
+        self._position = Position(
+            epoch=plan.epoch,
+            batches_consumed=plan.batches_consumed,
+            batch_size=plan.batch_size,
+            drop_last=plan.drop_last,
+            num_workers=workers,
+        )
+        if self._worker_iterations:
+            reseed_worker(plan.base_seed, worker)
+        self._worker_iterations += 1
 
     def _count_batch(self) -> None:
         self._position.batches_consumed += 1

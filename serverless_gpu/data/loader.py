@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from serverless_gpu.data.batch_timing import timed
 from serverless_gpu.data.sharding import epoch_seed
+from serverless_gpu.data.worker_plan import torch_base_seed
 
 if TYPE_CHECKING:
     # VolumeDataset.loader() makes this loader: a runtime import would be a cycle.
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["VolumeDataLoader"]
 
-_HOOKS = ("_begin_iteration", "_count_batch", "_mark_tracked")
+_HOOKS = ("_begin_iteration", "_share_plan", "_count_batch", "_mark_tracked")
 """What a VolumeDataset offers its loader (the test of being one, without importing it)."""
 
 
@@ -28,9 +29,10 @@ class VolumeDataLoader(DataLoader[Any]):
     Every batch handed to the training loop increments the dataset's position, so
     ``dataset.state_dict()`` taken between steps says exactly which batches were consumed.
     Worker seeds come from a private generator seeded by ``(dataset.seed, epoch)`` unless a
-    ``generator`` is passed. Options that would make the delivery order non-deterministic or
-    keep stale dataset copies in workers (``persistent_workers=True``, ``in_order=False``, a
-    ``sampler``) are refused.
+    ``generator`` is passed; with ``persistent_workers=True`` the workers start once and follow
+    each epoch, resume point and seed the training process sets (a ``worker_init_fn`` runs
+    once, at their start). Options that would make the delivery order non-deterministic
+    (``in_order=False``, a ``sampler``) are refused.
     One iterator at a time per loader. Batch timing goes to the call's MLflow run as
     :class:`~serverless_gpu.data.DataLoader`'s does.
     """
@@ -38,9 +40,8 @@ class VolumeDataLoader(DataLoader[Any]):
     def __init__(self, dataset: VolumeDataset[Any], **kwargs: Any) -> None:
         if not all(hasattr(dataset, hook) for hook in _HOOKS):
             raise TypeError(f"VolumeDataLoader needs a VolumeDataset, got {type(dataset).__name__}")
-        for name, allowed in (("persistent_workers", False), ("in_order", True)):
-            if kwargs.get(name, allowed) != allowed:
-                raise ValueError(f"VolumeDataLoader does not support {name}={kwargs[name]!r}")
+        if kwargs.get("in_order", True) is not True:
+            raise ValueError(f"VolumeDataLoader does not support in_order={kwargs['in_order']!r}")
         for name in ("sampler", "batch_sampler", "shuffle"):
             if kwargs.get(name) not in (None, False):
                 raise ValueError(f"{name} does not apply: VolumeDataset shards and shuffles itself")
@@ -61,6 +62,9 @@ class VolumeDataLoader(DataLoader[Any]):
         )
         if self._owns_generator and self.generator is not None:
             self.generator.manual_seed(epoch_seed(dataset.seed, dataset.epoch))
+        if self.num_workers > 0:
+            generator = self.generator if self.generator is not None else torch.Generator()
+            dataset._share_plan(torch_base_seed(generator))
         return self._counted(dataset)
 
     def _counted(self, dataset: VolumeDataset[Any]) -> Iterator[Any]:
@@ -71,9 +75,31 @@ class VolumeDataLoader(DataLoader[Any]):
                     self._batches += 1
                     dataset._count_batch()
                     yield batch
-        finally:
+        except GeneratorExit:  # the loop stopped early: persistent workers serve the next one
+            if not self.persistent_workers:
+                _shutdown(batches)
+            raise
+        except BaseException:
             # An exception's traceback keeps the DataLoader iterator (and so its worker
             # processes) alive; stop the workers now rather than whenever it is collected.
-            shutdown = getattr(batches, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
+            self._drop(batches)
+            raise
+        if not self.persistent_workers:
+            _shutdown(batches)
+
+    def close(self) -> None:
+        """Stop the workers now (with ``persistent_workers=True`` they otherwise live until
+        this loader is garbage-collected); a later iteration starts new ones."""
+        if self._iterator is not None:
+            self._drop(self._iterator)
+
+    def _drop(self, batches: Any) -> None:
+        _shutdown(batches)
+        if self._iterator is batches:  # torch would resume the stopped workers next time
+            self._iterator = None
+
+
+def _shutdown(batches: Any) -> None:
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()

@@ -128,8 +128,8 @@ def test_position_bookkeeping_errors(storage: Storage, tmp_path: Path) -> None:
     with pytest.raises(CheckpointMismatchError):  # a differently batched loader cannot resume
         next(iter(other.loader(batch_size=3)))
 
-    with pytest.raises(ValueError):
-        dataset.loader(batch_size=2, num_workers=1, persistent_workers=True)
+    with pytest.raises(ValueError, match="in_order"):
+        dataset.loader(batch_size=2, num_workers=1, in_order=False)
 
 
 def test_epochs_advance_instead_of_silently_empty(storage: Storage, tmp_path: Path) -> None:
