@@ -20,8 +20,12 @@ batch, and for ``VolumeDataset`` the first batch after resuming mid-epoch from `
 The local source is in the page cache for every reader (it was just written): "cold" is the
 reader's own cache, not the disk.
 
+With ``--persistent-workers`` every reader's DataLoader keeps its workers from one epoch to the
+next (the warm epoch then starts none).
+
     PYTHONPATH=. .venv/bin/python benchmarks/data.py            # quick, about 2-3 min
     PYTHONPATH=. .venv/bin/python benchmarks/data.py --full     # the issue's sizes
+    PYTHONPATH=. .venv/bin/python benchmarks/data.py --full --persistent-workers
 """
 
 from __future__ import annotations
@@ -128,6 +132,16 @@ class FileList(Dataset[int]):
         return len(self._fs[1].cat_file(self.paths[index]))
 
 
+PERSISTENT = "SGPU_BENCH_PERSISTENT_WORKERS"
+"""Set by ``--persistent-workers`` for the ranks (whatever their start method)."""
+
+
+def loader_options(workers: int) -> dict[str, Any]:
+    """Every reader's DataLoader options: the batch, the workers, and whether they persist."""
+    persistent = workers > 0 and os.environ.get(PERSISTENT) == "1"
+    return {"batch_size": BATCH, "num_workers": workers, "persistent_workers": persistent}
+
+
 def timed_epoch(batches: Iterable[Any]) -> Epoch:
     start = time.perf_counter()
     first = math.nan
@@ -163,7 +177,7 @@ def volume_epochs(
         )  # fmt: skip
 
     ds = dataset()
-    loader = ds.loader(batch_size=BATCH, num_workers=workers)
+    loader = ds.loader(**loader_options(workers))
     out = {"cold": timed_epoch(loader), "warm": timed_epoch(loader)}
     # Resume: stop half way through an epoch, then a new dataset resumes from its state.
     half = ds.epoch_batches(batch_size=BATCH, drop_last=False, num_workers=workers) // 2
@@ -174,10 +188,10 @@ def volume_epochs(
     state = ds.state_dict()
     del batches
     fresh = dataset()
-    out["fresh"] = _first_batch(fresh.loader(batch_size=BATCH, num_workers=workers))
+    out["fresh"] = _first_batch(fresh.loader(**loader_options(workers)))
     resumed = dataset()
     resumed.load_state_dict(state)
-    out["resume"] = _first_batch(resumed.loader(batch_size=BATCH, num_workers=workers))
+    out["resume"] = _first_batch(resumed.loader(**loader_options(workers)))
     return out
 
 
@@ -198,7 +212,7 @@ def filelist_epochs(
         data = FileList(paths, None)
     else:
         data = FileList(src.s3_paths[rank::world], src.s3_options)
-    loader = DataLoader(data, batch_size=BATCH, num_workers=workers)
+    loader = DataLoader(data, **loader_options(workers))
     return {"cold": timed_epoch(loader), "warm": timed_epoch(loader)}
 
 
@@ -214,7 +228,7 @@ def webdataset_epochs(
 
     data = wds.WebDataset(src.shards, shardshuffle=False, nodesplitter=mine, empty_check=False)
     data = data.map(lambda sample: len(sample["bin"]))
-    loader = DataLoader(data, batch_size=BATCH, num_workers=workers)
+    loader = DataLoader(data, **loader_options(workers))
     return {"cold": timed_epoch(loader), "warm": timed_epoch(loader)}
 
 
@@ -250,7 +264,7 @@ def streaming_epochs(
             return len(super().__getitem__(index)["bin"])
 
     data = Lengths(**where_from, batch_size=BATCH, shuffle=False, predownload=8 * BATCH)
-    loader: DataLoader[int] = DataLoader(data, batch_size=BATCH, num_workers=workers)
+    loader: DataLoader[int] = DataLoader(data, **loader_options(workers))
     return {"cold": timed_epoch(loader), "warm": timed_epoch(loader)}
 
 
@@ -528,14 +542,25 @@ def targets_table(rows: list[Row], ceilings: dict[tuple[str, str], Epoch]) -> st
     return markdown_table(["figure", "target", "measured", "verdict"], body)
 
 
+def _flags(args: argparse.Namespace) -> str:
+    return (" --full" if args.full else "") + (
+        " --persistent-workers" if args.persistent_workers else ""
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--full", action="store_true", help="2,000 x 256 KiB and 20,000 x 4 KiB")
     parser.add_argument("--files", type=int, default=None, help="large files (quick: 400)")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--workers", type=int, action="append", default=None)
+    parser.add_argument(
+        "--persistent-workers", action="store_true",
+        help="every reader's DataLoader keeps its workers between epochs",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here (md)")
     args = parser.parse_args(argv)
+    os.environ[PERSISTENT] = "1" if args.persistent_workers else "0"
     large = args.files or (2000 if args.full else 400)
     variants = [Variant("256KiB", large, 256 * KiB, large // (1 if args.full else 2))]
     if args.full:
@@ -586,7 +611,7 @@ def report(
             f"Machine: {os.cpu_count()} CPU cores; Python {sys.version.split()[0]}; torch "
             f"{torch.__version__}; {args.ranks} ranks; batch {BATCH}; data {data}; "
             f"{time.strftime('%Y-%m-%d %H:%M')}; {elapsed:.0f} s in all.",
-            f"Command: `PYTHONPATH=. python benchmarks/data.py{' --full' if args.full else ''}`",
+            f"Command: `PYTHONPATH=. python benchmarks/data.py{_flags(args)}`",
             f"Peers not measured:{missing or ' none'}",
             "",
             "### Readers",
