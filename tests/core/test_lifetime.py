@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -179,9 +180,16 @@ def test_launcher_has_no_listening_socket() -> None:
 
     noop.distributed()
     launcher = psutil.Process().children()[0]
-    listening = [c for c in launcher.net_connections(kind="all") if c.status == psutil.CONN_LISTEN]
-    assert listening == []
     assert is_launcher(launcher.cmdline())
+
+    def listening() -> list[Any]:
+        return [c for c in launcher.net_connections(kind="all") if c.status == psutil.CONN_LISTEN]
+
+    # After a call the launcher forks the next standby set; while it forks, it holds the
+    # set's formation listener (rank 0 takes its own copy, and it closes once the group is
+    # formed). Seen in CI: the check landed in that window. What must hold is that no
+    # listening socket stays.
+    eventually(lambda: listening() == [], what="the launcher holds no listening socket")
 
 
 def test_launcher_restarts_transparently_after_dying() -> None:
