@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import IO, Any, cast
 
 import torch
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.utils import _create_file_view
 
@@ -56,7 +57,7 @@ def find(stream: io.IOBase, item: ReadItem, info: Any) -> Found | None:
     # Where the bytes start, as torch's loader found it (a torch too old to note it here
     # also reads the bytes for a meta load: that one takes torch's path).
     record = getattr(whole.untyped_storage(), "_checkpoint_offset", None)
-    part = _narrow(whole, item)
+    part = narrow_tensor_by_index(whole, item.storage_offsets, item.lengths)  # as torch's reader
     if record is None or not part.is_contiguous():
         return None
     return Found(info.offset + record + part.storage_offset() * part.element_size(), part)
@@ -98,13 +99,6 @@ def place(
         _fill(stream, whole.reshape(-1).view(torch.uint8))
         target.copy_(whole)
     planner.commit_tensor(item, target)
-
-
-def _narrow(tensor: torch.Tensor, item: ReadItem) -> torch.Tensor:
-    for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
-        if start != 0 or length != tensor.size(dim):
-            tensor = tensor.narrow(dim, start, length)
-    return tensor
 
 
 def _through(
