@@ -158,6 +158,7 @@ class VolumeDataset(IterableDataset[T]):
         self._plan: WorkerPlan | None = None
         """Each iteration's epoch, resume point and seed, for persistent workers."""
         self._worker_iterations = 0
+        self._local_files: tuple[list[str], list[int]] | None = None
 
     @property
     def epoch(self) -> int:
@@ -235,17 +236,27 @@ class VolumeDataset(IterableDataset[T]):
         return in_place
 
     def _read(self, indices: list[int]) -> Iterator[Any]:
+        # Iterators, not a generator here: a layer less for every item of a fast local read.
         if self.samples is not None:
             samples = read_samples(self.samples, indices, self._open_shard, ahead=self.prefetch)
-            for sample in samples:
-                yield sample if self.transform is None else self.transform(sample)
-            return
+            return samples if self.transform is None else map(self.transform, samples)
         if self.in_place:
+            paths, sizes = self._in_place_files()
+            return read_in_place(
+                [paths[i] for i in indices], [sizes[i] for i in indices], self.prefetch,
+                self.transform,
+            )  # fmt: skip
+        return self._read_cached(indices)
+
+    def _in_place_files(self) -> tuple[list[str], list[int]]:
+        """Every listed file's local path and listed size (made once: the listing is fixed)."""
+        if self._local_files is None:
             _, root = resolve(self.url, self.storage_options)
-            for path in read_in_place(root, [self.files[i] for i in indices], self.prefetch):
-                yield path if self.transform is None else self.transform(path)
-            return
-        yield from self._read_cached(indices)
+            self._local_files = (
+                [os.path.join(root, f.relpath) for f in self.files],
+                [f.size for f in self.files],
+            )
+        return self._local_files
 
     def _read_cached(self, indices: list[int]) -> Iterator[Any]:
         cache = self._cache()

@@ -231,8 +231,8 @@ def test_a_small_object_is_fetched_in_one_request(
 
 @pytest.mark.timeout(60)
 def test_a_local_volume_on_the_caches_file_system_is_read_in_place(tmp_path: Path) -> None:
-    """No copy where a copy gains nothing: the paths are the volume's own, every file is
-    checked against its listing at its turn, and the cache folder stays empty."""
+    """No copy where a copy gains nothing: the paths are the volume's own, every path handed
+    out is checked against its listing at its turn, and the cache folder stays empty."""
     volume = tmp_path / "vol"
     volume.mkdir()
     for i in range(6):
@@ -260,6 +260,53 @@ def test_a_local_volume_on_the_caches_file_system_is_read_in_place(tmp_path: Pat
     fsspec.filesystem("memory").pipe_file(f"{remote}/a.bin", b"a")
     with pytest.raises(ValueError, match="local directory"):
         VolumeDataset(remote, cache, in_place=True)
+
+
+def test_read_in_place_through_a_transform_checks_a_file_when_the_transform_fails(
+    tmp_path: Path,
+) -> None:
+    """With a transform (which opens the file anyway) a file is checked only when it fails: a
+    vanished or resized file is a ``VolumeReadError`` naming it, raised from the transform's
+    error; the transform's own error on a file still as listed comes through as it is."""
+    volume = tmp_path / "vol"
+    volume.mkdir()
+    for i in range(6):
+        (volume / f"{i}.bin").write_bytes(bytes([i]) * (100 + i))
+
+    def strict(path: str) -> bytes:
+        data = Path(path).read_bytes()
+        if len(data) < 100:
+            raise ValueError(f"a short sample: {len(data)} bytes")
+        return data
+
+    cache = tmp_path / "cache"
+    ds = VolumeDataset(volume, cache, min_free_bytes=0, transform=strict)
+    assert ds.in_place
+    (volume / "2.bin").unlink()
+    seen: list[bytes] = []
+    with pytest.raises(VolumeReadError, match=r"2\.bin") as err:
+        seen.extend(ds)
+    assert isinstance(err.value.__cause__, FileNotFoundError)
+    assert seen == [bytes([i]) * (100 + i) for i in range(2)], "every file before it came"
+
+    (volume / "2.bin").write_bytes(b"short")
+    with pytest.raises(VolumeReadError, match="listed 102") as err:
+        list(ds)
+    assert isinstance(err.value.__cause__, ValueError)
+    # Rewritten to another size and read without error: read as it is now.
+    lenient = VolumeDataset(
+        volume, cache, min_free_bytes=0, transform=lambda p: Path(p).read_bytes()
+    )
+    (volume / "2.bin").write_bytes(b"rewritten")
+    assert list(lenient)[2] == b"rewritten"
+
+    def picky(path: str) -> str:
+        if path.endswith("4.bin"):
+            raise ValueError("not this one")
+        return path
+
+    with pytest.raises(ValueError, match="not this one"):
+        list(VolumeDataset(volume, cache, min_free_bytes=0, transform=picky))
 
 
 def test_a_local_volume_on_another_file_system_is_copied(tmp_path: Path) -> None:
