@@ -6,8 +6,10 @@ with ``dcp.save``, all ranks started together behind a barrier; the figure is th
 over the slowest rank's time. Before each load every file of the checkpoint is dropped from the
 page cache (``posix_fadvise(DONTNEED)`` after ``fsync``), so a load reads the disk; the loaded
 tensors are compared with the saved ones. ``dd`` writes the same number of bytes with
-``conv=fsync`` and reads them back after the same drop, as one process (the disk's ceiling).
-Each writer runs twice, alternating with the other, and keeps its best time. The atomic
+``conv=fsync`` and reads them back after the same drop, as one process (the disk's ceiling),
+in every round beside the writers. A virtual disk's rate drifts from minute to minute, so each
+ratio is taken between steps of the same round, and the table gives medians over the rounds
+(``--reps``, default 3; each step first in one of them). The atomic
 publish's cost is ``VolumeWriter.finish`` (``.metadata`` written, then renamed), as
 a share of the save.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,9 +54,14 @@ def drop_cached(folder: Path) -> None:
                 os.close(fd)
 
 
-def save_load(root: str, state: dict[str, Any], nbytes: int, reps: int = 2) -> dict[str, Any]:
-    """In every rank: save ``state`` (this rank's ``nbytes``) with each writer, then load it
-    back; seconds per step (the slowest rank's, through barriers) and whether it round-tripped."""
+DD = "dd (1 process)"
+
+
+def save_load(root: str, state: dict[str, Any], nbytes: int, reps: int = 3) -> dict[str, Any]:
+    """In every rank: save ``state`` (this rank's ``nbytes``) with each writer, load it back, and
+    (rank 0 alone) ``dd`` all ranks' bytes to the same folder and back, every round; each
+    step's seconds per round (the slowest rank's, through barriers) and whether it
+    round-tripped. The disk's rate drifts over minutes, so ratios are taken within a round."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -69,37 +77,46 @@ def save_load(root: str, state: dict[str, Any], nbytes: int, reps: int = 2) -> d
             super().finish(*args, **kwargs)
             TimedVolumeWriter.finish_s = time.perf_counter() - started
 
-    kinds = {
+    kinds: dict[str, Any] = {
         "VolumeWriter / VolumeReader": (TimedVolumeWriter, VolumeReader),
         "torch FileSystemWriter / Reader": (FileSystemWriter, FileSystemReader),
+        DD: None,
     }
-    rank = dist.get_rank()
-    out: dict[str, Any] = {}
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dd_count = max(1, nbytes * world // CHUNK)  # dd moves whole blocks: its share of them
+    out: dict[str, Any] = {
+        name: {"save_s": [], "load_s": [], "same": True, "bytes": nbytes} for name in kinds
+    }
+    out[DD]["bytes"] = dd_count * CHUNK / world
+    publish = []
     for rep in range(reps):
-        # Best of reps, each writer first in one of them: whichever saves first in a round
-        # saves slower (so did each of the two when the order was swapped).
-        order = list(kinds.items()) if rep % 2 == 0 else list(reversed(kinds.items()))
-        for name, (writer, reader) in order:
+        # Each step first in one of the rounds: whichever saves first in a round saves slower
+        # (so did each writer when the order was swapped).
+        order = list(kinds.items())
+        order = order[rep % len(order) :] + order[: rep % len(order)]
+        for name, pair in order:
             path = Path(root) / f"{name.split()[0]}-{rep}"
-            save_s = _timed(partial(dcp.save, state, storage_writer=writer(str(path))))
-            if rank == 0:
-                drop_cached(path)
-            dist.barrier()
-            target = {k: torch.zeros_like(v) for k, v in state.items()}
-            load_s = _timed(partial(dcp.load, target, storage_reader=reader(str(path))))
-            same = all(torch.equal(_local(target[k]), _local(v)) for k, v in state.items())
-            del target
-            best = out.get(name, {"save_s": save_s, "load_s": load_s, "same": True})
-            out[name] = {
-                "save_s": min(save_s, best["save_s"]),
-                "load_s": min(load_s, best["load_s"]),
-                "same": same and best["same"],
-                "bytes": nbytes,
-            }
+            if pair is None:
+                save_s, load_s = _timed_dd(path, dd_count * CHUNK if rank == 0 else 0)
+            else:
+                writer, reader = pair
+                save_s = _timed(partial(dcp.save, state, storage_writer=writer(str(path))))
+                if writer is TimedVolumeWriter:
+                    publish.append(TimedVolumeWriter.finish_s)
+                if rank == 0:
+                    drop_cached(path)
+                dist.barrier()
+                target = {k: torch.zeros_like(v) for k, v in state.items()}
+                load_s = _timed(partial(dcp.load, target, storage_reader=reader(str(path))))
+                same = all(torch.equal(_local(target[k]), _local(v)) for k, v in state.items())
+                out[name]["same"] = out[name]["same"] and same
+                del target
+            out[name]["save_s"].append(save_s)
+            out[name]["load_s"].append(load_s)
             dist.barrier()
             if rank == 0:
                 shutil.rmtree(path, ignore_errors=True)
-    out["publish_s"] = TimedVolumeWriter.finish_s
+    out["publish_s"] = max(publish)
     return out
 
 
@@ -117,24 +134,25 @@ def _timed(step: Any) -> float:
     return time.perf_counter() - started
 
 
-def dd(folder: Path, nbytes: int) -> tuple[float, float]:
-    """(write GB/s with fsync, read GB/s from the disk) of ``nbytes`` through one process."""
+def _timed_dd(folder: Path, nbytes: int) -> tuple[float, float]:
+    """(write, read) seconds of ``dd`` moving ``nbytes`` (whole blocks) in this process; with
+    0 bytes this rank only waits for the one that runs it."""
+    if nbytes:
+        folder.mkdir(parents=True, exist_ok=True)
     path = folder / "dd.bin"
-    count = max(1, nbytes // CHUNK)
-    started = time.perf_counter()
-    subprocess.run(
-        ["dd", "if=/dev/zero", f"of={path}", f"bs={CHUNK}", f"count={count}", "conv=fsync"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    write = count * CHUNK / GB / (time.perf_counter() - started)
-    drop_cached(folder)
-    started = time.perf_counter()
-    subprocess.run(
-        ["dd", f"if={path}", "of=/dev/null", f"bs={CHUNK}"], check=True, capture_output=True
-    )
-    read = count * CHUNK / GB / (time.perf_counter() - started)
-    path.unlink()
-    return write, read
+    count = nbytes // CHUNK
+    write = ["dd", "if=/dev/zero", f"of={path}", f"bs={CHUNK}", f"count={count}", "conv=fsync"]
+    read = ["dd", f"if={path}", "of=/dev/null", f"bs={CHUNK}"]
+    save_s = _timed(partial(_run, write if nbytes else None))
+    if nbytes:
+        drop_cached(folder)
+    load_s = _timed(partial(_run, read if nbytes else None))
+    return save_s, load_s
+
+
+def _run(command: list[str] | None) -> None:
+    if command is not None:
+        subprocess.run(command, check=True, capture_output=True)
 
 
 def tensors_rank(root: str, total_bytes: int, reps: int) -> dict[str, Any]:
@@ -154,22 +172,32 @@ def tensors_rank(root: str, total_bytes: int, reps: int) -> dict[str, Any]:
     return save_load(root, state, sum(t.numel() * 4 for t in state.values()), reps)
 
 
-def rows_for(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per writer: save and load GB/s of all ranks together, and whether every rank's load
-    matched."""
-    folded = {}
+def rows_for(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per writer (and ``dd``): each round's save and load GB/s of all ranks together (the
+    slowest rank's time), their medians, and whether every rank's load matched."""
+    folded: dict[str, dict[str, Any]] = {}
     for name in results[0]:
         if name == "publish_s":
             continue
         total = sum(r[name]["bytes"] for r in results)
+        rounds: dict[str, list[float]] = {}
+        for what in ("save", "load"):
+            slowest = [max(s) for s in zip(*(r[name][f"{what}_s"] for r in results), strict=True)]
+            rounds[what] = [total / GB / seconds for seconds in slowest]
+            rounds[f"{what}_s"] = slowest
         folded[name] = {
-            "save": total / GB / max(r[name]["save_s"] for r in results),
-            "load": total / GB / max(r[name]["load_s"] for r in results),
-            "save_s": max(r[name]["save_s"] for r in results),
+            **{what: statistics.median(rates) for what, rates in rounds.items()},
+            "rounds": rounds,
             "same": float(all(r[name]["same"] for r in results)),
             "bytes": total,
         }
     return folded
+
+
+def round_ratio(folded: dict[str, dict[str, Any]], what: str, ours: str, theirs: str) -> float:
+    """The median over rounds of ``ours``' rate over ``theirs``' in the same round."""
+    mine, other = folded[ours]["rounds"][what], folded[theirs]["rounds"][what]
+    return statistics.median(a / b for a, b in zip(mine, other, strict=True))
 
 
 def main() -> int:
@@ -177,7 +205,7 @@ def main() -> int:
     parser.add_argument("--full", action="store_true", help="1 GiB and 4 GiB (default 256 MiB)")
     parser.add_argument("--mib", type=int, default=256, help="the quick run's size")
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=2, help="rounds; the best of each is kept")
+    parser.add_argument("--reps", type=int, default=3, help="rounds (medians are reported)")
     parser.add_argument(
         "--dir", type=Path, default=None, help="where to write (default: a temp dir)"
     )
@@ -190,55 +218,60 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="sgpu-bench-ckpt-", dir=args.dir))
     fn = distributed(gpus=args.ranks, gpu_type="cpu", tracking=False)(tensors_rank)
     body: list[list[str]] = []
+    rounds: list[list[str]] = []
     targets: list[list[str]] = []
     try:
         for size in sizes:
             results = list(fn.distributed(str(root), size, args.reps))
-            # A virtual disk's host may still cache what the guest dropped: best of reps too.
-            rates = [dd(root, size) for _ in range(args.reps)]
-            write, read = max(w for w, _ in rates), max(r for _, r in rates)
             label = f"{size / (1 << 30):g} GiB"
             folded = rows_for(results)
             for name, f in folded.items():
-                same = "yes" if f["same"] else "NO"
+                same = "-" if name == DD else "yes" if f["same"] else "NO"
                 body.append([label, name, f"{f['save']:.2f}", f"{f['load']:.2f}", same])
-            body.append([label, "dd (1 process)", f"{write:.2f}", f"{read:.2f}", "-"])
+                each = f["rounds"]
+                rounds.append([label, name, _rates(each["save"]), _rates(each["load"])])
             publish = max(r["publish_s"] for r in results)
-            targets += targets_for(label, folded, (write, read), publish)
+            targets += targets_for(label, folded, publish)
     finally:
         serverless_gpu.shutdown()
         shutil.rmtree(root, ignore_errors=True)
-    report(args, root, body, targets)
+    report(args, root, body, rounds, targets)
     return 0
 
 
-def targets_for(
-    label: str, folded: dict[str, dict[str, float]], dd_rates: tuple[float, float], publish: float
-) -> list[list[str]]:
-    ours = folded["VolumeWriter / VolumeReader"]
-    theirs = folded["torch FileSystemWriter / Reader"]
+def targets_for(label: str, folded: dict[str, dict[str, Any]], publish: float) -> list[list[str]]:
+    ours = "VolumeWriter / VolumeReader"
     rows = []
-    for what in ("save", "load"):
-        ratio = ours[what] / theirs[what]
-        rows.append(
-            [f"{label} {what} vs torch", ">= 0.9x", fmt_ratio(ratio), verdict(ratio >= 0.9)]
-        )
-    for what, ceiling in zip(("save", "load"), dd_rates, strict=True):
-        ratio = ours[what] / ceiling
-        rows.append([f"{label} {what} vs dd", ">= 0.7x", fmt_ratio(ratio), verdict(ratio >= 0.7)])
-    share = publish / ours["save_s"]
+    for theirs, short, target in (
+        ("torch FileSystemWriter / Reader", "torch", 0.9),
+        (DD, "dd", 0.7),
+    ):
+        for what in ("save", "load"):
+            ratio = round_ratio(folded, what, ours, theirs)
+            rows.append([f"{label} {what} vs {short}", f">= {target}x", fmt_ratio(ratio),
+                         verdict(ratio >= target)])  # fmt: skip
+    share = publish / statistics.median(folded[ours]["rounds"]["save_s"])
     rows.append([f"{label} atomic publish, share of the save", "<= 5 %", f"{share:.1%}",
                  verdict(share <= 0.05)])  # fmt: skip
     return rows
 
 
+def _rates(values: list[float]) -> str:
+    return " / ".join(f"{value:.2f}" for value in values)
+
+
 def report(
-    args: argparse.Namespace, root: Path, body: list[list[str]], targets: list[list[str]]
+    args: argparse.Namespace,
+    root: Path,
+    body: list[list[str]],
+    rounds: list[list[str]],
+    targets: list[list[str]],
 ) -> None:
     import torch
 
-    flag = (" --full" if args.full else "") + (f" --reps {args.reps}" if args.reps != 2 else "")
+    flag = (" --full" if args.full else "") + (f" --reps {args.reps}" if args.reps != 3 else "")
     headers = ["state dict", "writer / reader", "save GB/s", "load GB/s", "round trip"]
+    each = ["state dict", "writer / reader", "save GB/s by round", "load GB/s by round"]
     text = "\n".join(
         [
             "## Checkpoints (benchmarks/checkpoint.py)",
@@ -247,9 +280,13 @@ def report(
             f"ranks; disk of {root.parent}; {time.strftime('%Y-%m-%d %H:%M')}.",
             f"Command: `PYTHONPATH=. python benchmarks/checkpoint.py{flag}`",
             "",
+            "Medians of the rounds:",
+            "",
             markdown_table(headers, body),
             "",
-            "### Targets",
+            markdown_table(each, rounds),
+            "",
+            "### Targets (the median of the rounds' ratios)",
             "",
             markdown_table(["figure", "target", "measured", "verdict"], targets),
             "",
