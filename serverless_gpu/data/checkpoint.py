@@ -223,14 +223,35 @@ class VolumeReader(FsspecReader):
         staging = dcp_read.Staging()
         for relative_path, reqs in per_file.items():
             shard = self.fs.concat_path(self.path, relative_path)
-            with self.fs.create_stream(shard, "rb") as stream:
-                for item in reqs:
-                    found = dcp_read.find(stream, item, info[item.storage_index])
-                    if found is None:
-                        rest.append(item)
-                    else:
-                        dcp_read.place(stream, found, item, planner, staging)
+            direct = self._direct_file(shard)
+            try:
+                # Asked before any byte of the shard is read: reading an item's header makes
+                # the kernel read ahead into its bytes.
+                on_disk = [
+                    direct is not None
+                    and direct.suits(info[r.storage_index].offset, info[r.storage_index].length)
+                    for r in reqs
+                ]
+                with self.fs.create_stream(shard, "rb") as stream:
+                    for item, cold in zip(reqs, on_disk, strict=True):
+                        found = dcp_read.find(stream, item, info[item.storage_index])
+                        if found is None:
+                            rest.append(item)
+                        else:
+                            dcp_read.place(
+                                stream, found, item, planner, staging, direct if cold else None
+                            )
+            finally:
+                if direct is not None:
+                    direct.close()
         return rest
+
+    def _direct_file(self, shard: str | os.PathLike[str]) -> dcp_read.DirectFile | None:
+        """A local shard opened for direct reads too (see :mod:`serverless_gpu.data.dcp_read`)."""
+        fs = self._staged.fs
+        if fs is None or not is_local(fs):
+            return None
+        return dcp_read.DirectFile.open(os.fspath(self._staged._local(shard)))
 
     def _check_shards(self, plan: LoadPlan) -> None:
         """A shard shorter than ``.metadata`` says (a copy cut short, a full disk) is an error

@@ -12,6 +12,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
@@ -301,3 +302,75 @@ def test_a_cast_on_the_way_in_goes_a_buffer_at_a_time(
     assert torch.equal(loaded["half"], saved["half"].float())
     assert torch.equal(loaded["odd"], saved["odd"].double())
     assert reader.left == set()
+
+
+def drop_from_memory(folder: Path) -> bool:
+    """Write back, then drop from the page cache, every file in ``folder``; whether the
+    kernel let them go (a file system that keeps files in memory, like tmpfs, does not)."""
+    gone = True
+    for path in folder.iterdir():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            size = os.fstat(fd).st_size
+            try:
+                os.preadv(fd, [bytearray(1)], size // 2, os.RWF_NOWAIT)
+                gone = gone and size < 2 * 4096
+            except BlockingIOError:
+                pass
+        finally:
+            os.close(fd)
+    return gone
+
+
+@pytest.mark.timeout(60)
+def test_large_items_on_disk_are_read_with_direct_io_and_the_rest_through_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Items of at least ``DirectFile.MIN_BYTES`` whose bytes are not in memory come in
+    through direct reads, a page-aligned buffer at a time (here 3 pages, so a chunk starts
+    mid-page and a page is read twice); a small item, a cast and the same checkpoint still
+    in memory take the buffered stream. Every value arrives, a strided destination too."""
+    from serverless_gpu.data import dcp_read
+
+    monkeypatch.setattr(dcp_read.Staging, "CHUNK", 3 * dcp_read.DirectFile.ALIGN)
+    monkeypatch.setattr(dcp_read.DirectFile, "MIN_BYTES", 40_000)
+    direct_reads: list[tuple[int, int]] = []
+    chunks = dcp_read.DirectFile.chunks
+
+    def noted(self: Any, start: int, nbytes: int, buffer: torch.Tensor) -> Any:
+        direct_reads.append((start, nbytes))
+        return chunks(self, start, nbytes, buffer)
+
+    monkeypatch.setattr(dcp_read.DirectFile, "chunks", noted)
+    generator = torch.Generator().manual_seed(3)
+    saved = {
+        "big": torch.randn(100, 103, generator=generator),  # 41,200 bytes
+        "bytes": torch.randint(0, 255, (50_001,), dtype=torch.uint8, generator=generator),
+        "strided": torch.randn(120, 90, generator=generator),
+        "cast": torch.randn(20_000, generator=generator).to(torch.bfloat16),
+        "small": torch.randn(10, generator=generator),
+    }
+    path = tmp_path / "ckpt"
+    dcp.save(saved, storage_writer=VolumeWriter(str(path)))
+
+    def load() -> dict[str, torch.Tensor]:
+        loaded = {key: torch.zeros_like(value) for key, value in saved.items()}
+        loaded["strided"] = torch.zeros(90, 120).t()
+        loaded["cast"] = torch.zeros(20_000)
+        reader = NotingReader(str(path))
+        dcp.load(loaded, storage_reader=reader)
+        assert reader.left == set()
+        for key, value in saved.items():
+            assert torch.equal(loaded[key], value.to(loaded[key].dtype)), key
+        return loaded
+
+    load()  # just written: in memory
+    assert direct_reads == []
+    if not drop_from_memory(path):
+        pytest.skip(f"{path}'s file system keeps its files in memory")
+    load()
+    sizes = sorted(nbytes for _, nbytes in direct_reads)
+    assert sizes == [41_200, 43_200, 50_001]
+    assert any(start % dcp_read.DirectFile.ALIGN for start, _ in direct_reads)
