@@ -15,6 +15,9 @@ together), with 0, 2 and 4 DataLoader workers per rank:
   load against a CPU build of torch; the MDS reader does not use it.
 
 Ceilings in the same run: ``cat`` of the same files (local) and a 16-thread ``s3fs`` read (S3).
+The local rows last tens to hundreds of milliseconds an epoch on two busy cores, so they (and
+``cat``) are measured in ``--rounds`` rounds (3 with ``--full``), the readers in a rotated
+order each round, and every local figure is the median of its rounds.
 Figures: samples/s and MB/s (all ranks together, the slowest rank's wall time), time to first
 batch, and for ``VolumeDataset`` the first batch after resuming mid-epoch from ``state_dict``.
 The local source is in the page cache for every reader (it was just written): "cold" is the
@@ -35,6 +38,7 @@ import math
 import multiprocessing
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -460,19 +464,48 @@ def unavailable() -> dict[str, str]:
     return missing
 
 
-def measure(sources: list[Source], world: int, workers: list[int], log: Any) -> list[Row]:
+def measure(
+    sources: list[Source], world: int, workers: list[int], rounds: int, log: Any
+) -> tuple[list[Row], dict[tuple[str, str], Epoch]]:
+    """Every reader's row and the ceilings. The local rows (epochs of tens to hundreds of
+    milliseconds on two busy cores) are measured ``rounds`` times, the readers in a rotated
+    order each round and ``cat`` with them, and each figure is the median of the rounds; the
+    S3 rows (cold epochs of seconds to minutes) once."""
     skip = unavailable()
-    rows = []
+    runs: dict[tuple[str, str, str, int], list[dict[str, Epoch]]] = {}
+    ceilings: dict[tuple[str, str], list[Epoch]] = {}
     for src in sources:
+        name, total = src.variant.name, src.variant.files * src.variant.size
         for where in ("local", "s3"):
-            for reader in READERS:
-                if reader in skip or (reader == "webdataset" and where == "s3"):
-                    continue
+            readers = [r for r in READERS if r not in skip and (r, where) != ("webdataset", "s3")]
+            for k in range(rounds if where == "local" else 1):
+                if where == "local":
+                    ceilings.setdefault((name, where), []).append(cat_ceiling(src.folder, total))
+                else:
+                    ceilings.setdefault((name, where), []).append(s3fs_ceiling(src))
                 for w in workers:
-                    log(f"{src.variant.name} {where} {reader} workers={w}")
-                    phases = run_ranks(reader, src, where, world, w)
-                    rows.append(Row(src.variant.name, where, reader, w, phases))
-    return rows
+                    for reader in readers[k % len(readers) :] + readers[: k % len(readers)]:
+                        log(f"{name} {where} {reader} workers={w} (round {k + 1})")
+                        phases = run_ranks(reader, src, where, world, w)
+                        runs.setdefault((name, where, reader, w), []).append(phases)
+    rows = [
+        Row(name, where, reader, w, {p: _median([r[p] for r in each]) for p in each[0]})
+        for (name, where, reader, w), each in runs.items()
+    ]
+    order = list(READERS)
+    rows.sort(key=lambda r: (r.variant != sources[0].variant.name, r.where != "local",
+                             order.index(r.reader), r.workers))  # fmt: skip
+    return rows, {key: _median(each) for key, each in ceilings.items()}
+
+
+def _median(epochs: list[Epoch]) -> Epoch:
+    """The same samples and bytes in the median time (and median first batch)."""
+    return Epoch(
+        epochs[0].samples,
+        epochs[0].nbytes,
+        statistics.median(e.seconds for e in epochs),
+        statistics.median(e.first for e in epochs),
+    )
 
 
 def _fmt(e: Epoch | None, what: str) -> str:
@@ -543,8 +576,11 @@ def targets_table(rows: list[Row], ceilings: dict[tuple[str, str], Epoch]) -> st
 
 
 def _flags(args: argparse.Namespace) -> str:
-    return (" --full" if args.full else "") + (
-        " --persistent-workers" if args.persistent_workers else ""
+    rounds = args.rounds != (3 if args.full else 1)
+    return (
+        (" --full" if args.full else "")
+        + (" --persistent-workers" if args.persistent_workers else "")
+        + (f" --rounds {args.rounds}" if rounds else "")
     )
 
 
@@ -558,8 +594,13 @@ def main(argv: list[str] | None = None) -> int:
         "--persistent-workers", action="store_true",
         help="every reader's DataLoader keeps its workers between epochs",
     )  # fmt: skip
+    parser.add_argument(
+        "--rounds", type=int, default=None,
+        help="rounds of the local rows, medians reported (default 3 with --full, else 1)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here (md)")
     args = parser.parse_args(argv)
+    args.rounds = args.rounds or (3 if args.full else 1)
     os.environ[PERSISTENT] = "1" if args.persistent_workers else "0"
     large = args.files or (2000 if args.full else 400)
     variants = [Variant("256KiB", large, 256 * KiB, large // (1 if args.full else 2))]
@@ -578,13 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         sources = [make_source(v, root, endpoint) for v in variants]
         os.sync()  # else the first reader measured competes with the write-back of it all
         log("data written")
-        ceilings = {}
-        for src in sources:
-            ceilings[(src.variant.name, "local")] = cat_ceiling(
-                src.folder, src.variant.files * src.variant.size
-            )
-            ceilings[(src.variant.name, "s3")] = s3fs_ceiling(src)
-        rows = measure(sources, args.ranks, workers, log)
+        rows, ceilings = measure(sources, args.ranks, workers, args.rounds, log)
     finally:
         moto.kill()
         moto.wait()
@@ -610,7 +645,8 @@ def report(
             "",
             f"Machine: {os.cpu_count()} CPU cores; Python {sys.version.split()[0]}; torch "
             f"{torch.__version__}; {args.ranks} ranks; batch {BATCH}; data {data}; "
-            f"{time.strftime('%Y-%m-%d %H:%M')}; {elapsed:.0f} s in all.",
+            f"{time.strftime('%Y-%m-%d %H:%M')}; {elapsed:.0f} s in all; local rows and `cat`: "
+            f"the median of {args.rounds} round(s), readers in a rotated order.",
             f"Command: `PYTHONPATH=. python benchmarks/data.py{_flags(args)}`",
             f"Peers not measured:{missing or ' none'}",
             "",
