@@ -14,17 +14,16 @@ at the loader's batch count as step; rank N's under ``rank_N/`` like every metri
 from __future__ import annotations
 
 import math
-import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from typing import TypeVar
 
 from serverless_gpu.common import settings
 from serverless_gpu.tracking.latest import DATA_WAIT
 
-__all__ = ["LOG_INTERVAL_S", "METRICS", "timed"]
+__all__ = ["LOG_INTERVAL_S", "METRICS", "Delivered", "timed"]
 
 LOG_INTERVAL_S = 10.0
 FETCH = "dataloader/fetch_seconds"
@@ -36,9 +35,19 @@ METRICS = (FETCH, f"{FETCH}_variance", BETWEEN, f"{BETWEEN}_variance", WAIT_SHAR
 T = TypeVar("T")
 
 
-def timed(batches: Iterator[T], step: Callable[[], int]) -> Generator[T, None, None]:
-    """Yield ``batches``, timing every ``next()`` and the loop's work between two, logged as
-    the module docstring says with ``step()`` (the batches delivered so far) as the step."""
+class Delivered:
+    """The batches a loader handed to its loop over its life: the step of its metrics."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+def timed(batches: Iterator[T], delivered: Delivered) -> Generator[T, None, None]:
+    """Yield ``batches``, counting them in ``delivered`` and timing every ``next()`` and the
+    loop's work between two, logged as the module docstring says with ``delivered.count`` as
+    the step."""
     times = _BatchTimes()
     try:
         while True:
@@ -48,10 +57,11 @@ def timed(batches: Iterator[T], step: Callable[[], int]) -> Generator[T, None, N
             except StopIteration:
                 return
             times.add(asked, time.monotonic())
+            delivered.count += 1
             yield value
-            times.log_if_due(step())
+            times.log_if_due(delivered.count)
     finally:
-        times.log(step())
+        times.log(delivered.count)
 
 
 class _BatchTimes:
@@ -82,8 +92,12 @@ class _BatchTimes:
             metrics[WAIT_SHARE] = min(1.0, math.fsum(self.fetch) / window)
         for name, values in ((FETCH, self.fetch), (BETWEEN, self.between)):
             if values:
-                metrics[name] = statistics.fmean(values)
-                metrics[f"{name}_variance"] = statistics.pvariance(values)
+                mean = math.fsum(values) / len(values)
+                metrics[name] = mean
+                # In floats: statistics.pvariance computes exactly, in fractions, 20 times slower.
+                metrics[f"{name}_variance"] = math.fsum((v - mean) ** 2 for v in values) / len(
+                    values
+                )
                 values.clear()
         if metrics:
             _log_metrics(metrics, step)

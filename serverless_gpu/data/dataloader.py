@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import torch.utils.data
 from torch.utils.data import get_worker_info
 
-from serverless_gpu.data.batch_timing import LOG_INTERVAL_S, METRICS, timed
+from serverless_gpu.data.batch_timing import LOG_INTERVAL_S, METRICS, Delivered, timed
 from serverless_gpu.data.checkpointable import Checkpointable
 from serverless_gpu.rank import runtime
 
@@ -100,7 +100,7 @@ class DataLoader(torch.utils.data.DataLoader[Any]):
             persistent_workers=bool(persistent_workers),
             **kwargs,
         )
-        self._batches = 0
+        self._delivered = Delivered()
         self._received: dict[int, Any] | None = None
         """Worker -> its state after the last batch the loop received; None: not resumable."""
         self._resume: dict[int, Any] = {}
@@ -161,9 +161,8 @@ class DataLoader(torch.utils.data.DataLoader[Any]):
         return self._timed(batches)
 
     def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
-        with closing(timed(batches, lambda: self._batches)) as delivered:
+        with closing(timed(batches, self._delivered)) as delivered:
             for value in delivered:
-                self._batches += 1
                 if isinstance(value, _Delivered):
                     if self._received is not None:
                         self._received[value.worker] = value.state

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch.utils.data import DataLoader
 
-from serverless_gpu.data.batch_timing import timed
+from serverless_gpu.data.batch_timing import Delivered, timed
 from serverless_gpu.data.sharding import epoch_seed
 from serverless_gpu.data.worker_plan import torch_base_seed
 
@@ -51,8 +51,7 @@ class VolumeDataLoader(DataLoader[Any]):
         if self._owns_generator:
             kwargs["generator"] = torch.Generator()
         super().__init__(dataset, **kwargs)
-        self._batches = 0
-        """Batches delivered over this loader's life: the step of its timing metrics."""
+        self._delivered = Delivered()
         dataset._mark_tracked()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
@@ -70,9 +69,8 @@ class VolumeDataLoader(DataLoader[Any]):
     def _counted(self, dataset: VolumeDataset[Any]) -> Iterator[Any]:
         batches = super().__iter__()
         try:
-            with closing(timed(batches, lambda: self._batches)) as delivered:
+            with closing(timed(batches, self._delivered)) as delivered:
                 for batch in delivered:
-                    self._batches += 1
                     dataset._count_batch()
                     yield batch
         except GeneratorExit:  # the loop stopped early: persistent workers serve the next one
