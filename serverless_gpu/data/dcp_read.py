@@ -11,12 +11,13 @@ or several-storage archives, another byte order, a torch whose meta load does no
 the bytes start) is left to torch's own path.
 
 A large item of a local shard whose bytes are not in memory is read with direct I/O
-(``O_DIRECT``, :class:`DirectFile`): the disk writes into an aligned buffer that is copied into
-the destination, and the page cache is left out. Read through the page cache, every 4 KiB page
-of a checkpoint is allocated, inserted, and later reclaimed by the kernel; on the 2-core
-machine of ``docs/benchmarks.md`` two ranks each loading 2 GiB that way spent 4 s of kernel
-time apiece and read at half ``dd``'s rate, and with direct I/O 0.1 s. Bytes already in memory
-(a checkpoint just written) are read through the cache, which is faster there.
+(``O_DIRECT``, :class:`DirectFile`): the disk writes into aligned buffers, several reads in
+flight, that are copied into the destination, and the page cache is left out. Read through the
+page cache, every 4 KiB page of a checkpoint is allocated, inserted, and later reclaimed by the
+kernel; on the 2-core machine of ``docs/benchmarks.md`` two ranks each loading 2 GiB that way
+spent 4 s of kernel time apiece and read at half ``dd``'s rate, and with direct I/O 0.1 s.
+Bytes already in memory (a checkpoint just written) are read through the cache, which is
+faster there.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from __future__ import annotations
 import io
 import os
 import sys
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
@@ -74,28 +77,43 @@ def find(stream: io.IOBase, item: ReadItem, info: Any) -> Found | None:
 
 
 class Staging:
-    """The host buffers, reused through a load, that bytes pass through a chunk at a time on
-    their way to another device or dtype, or from a direct read: pinned for a GPU (a copy from
-    pinned memory is one DMA; from fresh pageable memory it waits on page faults and the
-    driver's own staging), aligned for direct I/O."""
+    """The host buffers, reused through a load, that bytes pass through on their way into
+    their destinations: pinned for a GPU (a copy from pinned memory is one DMA; from fresh
+    pageable memory it waits on page faults and the driver's own staging), page-aligned for
+    direct I/O. One of ``CHUNK`` bytes for the buffered stream (another device or dtype, a
+    chunk at a time), and ``DEPTH`` of ``DIRECT_CHUNK`` bytes for direct reads in flight."""
 
     CHUNK = 64 << 20
+    DIRECT_CHUNK = 16 << 20
+    DEPTH = 4
 
     def __init__(self) -> None:
-        self._buffers: dict[bool, torch.Tensor] = {}
+        self._buffers: dict[tuple[bool, int], list[torch.Tensor]] = {}
 
     def buffer(self, pinned: bool) -> torch.Tensor:
-        """``CHUNK`` bytes (and a page more) whose first byte is on a page boundary."""
-        if pinned not in self._buffers:
-            raw = torch.empty(self.CHUNK + DirectFile.ALIGN, dtype=torch.uint8, pin_memory=pinned)
-            skip = -raw.data_ptr() % DirectFile.ALIGN
-            self._buffers[pinned] = raw[skip : skip + self.CHUNK]
-        return self._buffers[pinned]
+        """``CHUNK`` bytes whose first byte is on a page boundary."""
+        return self._aligned(pinned, self.CHUNK, 1)[0]
+
+    def ring(self, pinned: bool) -> list[torch.Tensor]:
+        """``DEPTH`` buffers of ``DIRECT_CHUNK`` bytes, each starting on a page boundary."""
+        return self._aligned(pinned, self.DIRECT_CHUNK, self.DEPTH)
+
+    def _aligned(self, pinned: bool, size: int, count: int) -> list[torch.Tensor]:
+        if (pinned, count) not in self._buffers:
+            align = DirectFile.ALIGN
+            raw = torch.empty(count * size + align, dtype=torch.uint8, pin_memory=pinned)
+            skip = -raw.data_ptr() % align
+            stride = -(-size // align) * align
+            self._buffers[pinned, count] = [
+                raw[skip + k * stride : skip + k * stride + size] for k in range(count)
+            ]
+        return self._buffers[pinned, count]
 
 
 class DirectFile:
     """A local shard opened a second time for direct I/O, for the large items whose bytes are
-    not in memory (see the module docstring)."""
+    not in memory (see the module docstring). Reads are issued ahead, one thread each, so the
+    disk always has some to serve while the bytes of another are copied."""
 
     ALIGN = 4096
     """Offsets, lengths and buffer addresses of direct reads: every block size in use divides it."""
@@ -105,6 +123,7 @@ class DirectFile:
     def __init__(self, direct: int, buffered: int) -> None:
         self._direct = direct
         self._buffered = buffered
+        self._pool: ThreadPoolExecutor | None = None
 
     @classmethod
     def open(cls, path: str) -> DirectFile | None:
@@ -125,6 +144,8 @@ class DirectFile:
         return cls(direct, buffered)
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
         os.close(self._direct)
         os.close(self._buffered)
 
@@ -143,23 +164,62 @@ class DirectFile:
             return False  # cannot tell: the cache may well hold them
         return False
 
-    def chunks(self, start: int, nbytes: int, buffer: torch.Tensor) -> Iterator[torch.Tensor]:
-        """The ``nbytes`` at ``start``, in order, as byte views of ``buffer`` (page-aligned),
-        each valid until the next is asked for. A view need not start on an element's boundary
-        (``start`` is anywhere in the file), so it is copied as bytes."""
+    def chunks(self, start: int, nbytes: int, ring: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """The ``nbytes`` at ``start``, in order, as byte views of the page-aligned buffers of
+        ``ring`` (as many reads in flight as it has buffers), each valid until the next is
+        asked for. A view need not start on an element's boundary (``start`` is anywhere in
+        the file), so it is copied as bytes."""
+        size = min(len(b) for b in ring) // self.ALIGN * self.ALIGN
+        if size == 0 or any(b.data_ptr() % self.ALIGN for b in ring):
+            raise ValueError("direct reads need page-aligned buffers of a page or more")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(len(ring), thread_name_prefix="direct-read")
+        spans = iter(_spans(start, start + nbytes, size, self.ALIGN))
+        free = list(ring)
+        pending: deque[tuple[int, int, torch.Tensor, Future[None]]] = deque()
+
+        def issue() -> None:
+            span = next(spans, None)
+            if span is not None:
+                first, reach, buffer = *span, free.pop()
+                read = self._pool.submit(self._read, buffer, first, reach)  # type: ignore[union-attr]
+                pending.append((first, reach, buffer, read))
+
+        try:
+            for _ in ring:
+                issue()
+            at = start
+            while pending:
+                first, reach, buffer, read = pending.popleft()
+                read.result()
+                yield buffer[at - first : reach - first]
+                at = reach
+                free.append(buffer)
+                issue()
+        finally:  # a consumer that stops early: no read may still fill a buffer
+            for *_, read in pending:
+                read.exception()
+
+    def _read(self, buffer: torch.Tensor, first: int, reach: int) -> None:
+        """Fill ``buffer`` with the shard's bytes from ``first`` (page-aligned) to ``reach``."""
         view = memoryview(cast(bytearray, buffer.numpy()))
-        room = len(view) - len(view) % self.ALIGN
-        if room <= self.ALIGN or buffer.data_ptr() % self.ALIGN:
-            raise ValueError("a direct read needs a page-aligned buffer of two pages or more")
-        at, end = start, start + nbytes
-        while at < end:
-            first = at - at % self.ALIGN
-            want = min(room, -(-(end - first) // self.ALIGN) * self.ALIGN)
-            reach = min(end, first + os.preadv(self._direct, [view[:want]], first))
-            if reach <= at:
-                raise EOFError(f"shard ended {end - at} bytes short of a tensor")
-            yield buffer[at - first : reach - first]
-            at = reach
+        want = -(-(reach - first) // self.ALIGN) * self.ALIGN
+        done = 0
+        while first + done < reach:
+            got = os.preadv(self._direct, [view[done:want]], first + done)
+            if got == 0 or (got % self.ALIGN and first + done + got < reach):
+                raise EOFError(f"shard ended {reach - first - done} bytes short of a tensor")
+            done += got
+
+
+def _spans(start: int, end: int, size: int, align: int) -> Iterator[tuple[int, int]]:
+    """(first, reach) of each read covering ``start`` to ``end``: ``first`` page-aligned, at
+    most ``size`` bytes read; the first read begins at the page that holds ``start``."""
+    first = start - start % align
+    while first < end:
+        reach = min(end, first + size)
+        yield first, reach
+        first = reach
 
 
 def place(
@@ -188,7 +248,7 @@ def place(
         )
         _copy_into(flat, (chunk.view(layout.dtype) for chunk in chunks))
     elif direct is not None and nbytes >= DirectFile.MIN_BYTES:
-        chunks = direct.chunks(found.start, nbytes, staging.buffer(into.is_cuda))
+        chunks = direct.chunks(found.start, nbytes, staging.ring(into.is_cuda))
         _copy_into(flat.view(torch.uint8), chunks)
     elif into.device.type == "cpu":
         stream.seek(found.start)

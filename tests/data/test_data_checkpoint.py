@@ -329,19 +329,19 @@ def test_large_items_on_disk_are_read_with_direct_io_and_the_rest_through_the_ca
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Items of at least ``DirectFile.MIN_BYTES`` whose bytes are not in memory come in
-    through direct reads, a page-aligned buffer at a time (here 3 pages, so a chunk starts
-    mid-page and a page is read twice); a small item, a cast and the same checkpoint still
-    in memory take the buffered stream. Every value arrives, a strided destination too."""
+    through direct reads into page-aligned buffers, several in flight (here of 3 pages: an
+    item starts mid-page, and takes many reads); a small item, a cast and the same checkpoint
+    still in memory take the buffered stream. Every value arrives, a strided destination too."""
     from serverless_gpu.data import dcp_read
 
-    monkeypatch.setattr(dcp_read.Staging, "CHUNK", 3 * dcp_read.DirectFile.ALIGN)
+    monkeypatch.setattr(dcp_read.Staging, "DIRECT_CHUNK", 3 * dcp_read.DirectFile.ALIGN)
     monkeypatch.setattr(dcp_read.DirectFile, "MIN_BYTES", 40_000)
     direct_reads: list[tuple[int, int]] = []
     chunks = dcp_read.DirectFile.chunks
 
-    def noted(self: Any, start: int, nbytes: int, buffer: torch.Tensor) -> Any:
+    def noted(self: Any, start: int, nbytes: int, ring: list[torch.Tensor]) -> Any:
         direct_reads.append((start, nbytes))
-        return chunks(self, start, nbytes, buffer)
+        return chunks(self, start, nbytes, ring)
 
     monkeypatch.setattr(dcp_read.DirectFile, "chunks", noted)
     generator = torch.Generator().manual_seed(3)
