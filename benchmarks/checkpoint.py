@@ -229,7 +229,7 @@ def main() -> int:
                 same = "-" if name == DD else "yes" if f["same"] else "NO"
                 body.append([label, name, f"{f['save']:.2f}", f"{f['load']:.2f}", same])
                 each = f["rounds"]
-                rounds.append([label, name, _rates(each["save"]), _rates(each["load"])])
+                rounds.append([label, name, rates_text(each["save"]), rates_text(each["load"])])
             publish = max(r["publish_s"] for r in results)
             targets += targets_for(label, folded, publish)
     finally:
@@ -256,7 +256,7 @@ def targets_for(label: str, folded: dict[str, dict[str, Any]], publish: float) -
     return rows
 
 
-def _rates(values: list[float]) -> str:
+def rates_text(values: list[float]) -> str:
     return " / ".join(f"{value:.2f}" for value in values)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from _checks import check, rank_parser, ranks, summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from checkpoint import DD, GB, round_ratio, rows_for, save_load
+from checkpoint import DD, GB, rates_text, round_ratio, rows_for, save_load
 
 import serverless_gpu
 from serverless_gpu import distributed, runtime
@@ -83,6 +83,10 @@ def main() -> int:
             f"{name}: {f['bytes'] / GB:.2f} GB; save {f['save']:.2f} GB/s, load "
             f"{f['load']:.2f} GB/s ({versus[0]:.2f}x and {versus[1]:.2f}x dd in the same rounds)"
         )
+    for name, f in folded.items():
+        rounds = f["rounds"]
+        save, load = rates_text(rounds["save"]), rates_text(rounds["load"])
+        print(f"  {name} by round: save {save}, load {load}")
     dd = folded[DD]
     print(
         f"dd on {root.parent}: write {dd['save']:.2f} GB/s (conv=fsync), read {dd['load']:.2f} GB/s"
