@@ -10,14 +10,16 @@ time. What this cannot place (bytes items, items written through a storage trans
 or several-storage archives, another byte order, a torch whose meta load does not note where
 the bytes start) is left to torch's own path.
 
-A large item of a local shard whose bytes are not in memory is read with direct I/O
-(``O_DIRECT``, :class:`DirectFile`): the disk writes into aligned buffers, several reads in
-flight, that are copied into the destination, and the page cache is left out. Read through the
-page cache, every 4 KiB page of a checkpoint is allocated, inserted, and later reclaimed by the
-kernel; on the 2-core machine of ``docs/benchmarks.md`` two ranks each loading 2 GiB that way
-spent 4 s of kernel time apiece and read at half ``dd``'s rate, and with direct I/O 0.1 s.
-Bytes already in memory (a checkpoint just written) are read through the cache, which is
-faster there.
+A large item of a local shard whose bytes are not in memory, bound for a host tensor, is read
+with direct I/O (``O_DIRECT``, :class:`DirectFile`): the disk writes into aligned buffers,
+several reads in flight, that are copied into the destination, and the page cache is left out.
+Read through the page cache, every 4 KiB page of a checkpoint is allocated, inserted, and later
+reclaimed by the kernel; on the 2-core machine of ``docs/benchmarks.md`` two ranks each loading
+2 GiB that way spent 4 s of kernel time apiece and read at half ``dd``'s rate, and with direct
+I/O 0.1 s. Bytes already in memory (a checkpoint just written) are read through the cache,
+which is faster there. A GPU destination keeps the buffered stream and its pinned buffer: on
+1 x H200 that read at 1.04-1.09x ``dd``, and direct reads one at a time into the pinned buffer
+at 0.86x (``docs/gpu-validation.md``).
 """
 
 from __future__ import annotations
@@ -78,10 +80,11 @@ def find(stream: io.IOBase, item: ReadItem, info: Any) -> Found | None:
 
 class Staging:
     """The host buffers, reused through a load, that bytes pass through on their way into
-    their destinations: pinned for a GPU (a copy from pinned memory is one DMA; from fresh
-    pageable memory it waits on page faults and the driver's own staging), page-aligned for
-    direct I/O. One of ``CHUNK`` bytes for the buffered stream (another device or dtype, a
-    chunk at a time), and ``DEPTH`` of ``DIRECT_CHUNK`` bytes for direct reads in flight."""
+    their destinations, each starting on a page boundary: one of ``CHUNK`` bytes for the
+    buffered stream into another device or dtype, a chunk at a time (pinned for a GPU: a copy
+    from pinned memory is one DMA; from fresh pageable memory it waits on page faults and the
+    driver's own staging), and ``DEPTH`` of ``DIRECT_CHUNK`` bytes for direct reads in
+    flight."""
 
     CHUNK = 64 << 20
     DIRECT_CHUNK = 16 << 20
@@ -94,9 +97,9 @@ class Staging:
         """``CHUNK`` bytes whose first byte is on a page boundary."""
         return self._aligned(pinned, self.CHUNK, 1)[0]
 
-    def ring(self, pinned: bool) -> list[torch.Tensor]:
+    def ring(self) -> list[torch.Tensor]:
         """``DEPTH`` buffers of ``DIRECT_CHUNK`` bytes, each starting on a page boundary."""
-        return self._aligned(pinned, self.DIRECT_CHUNK, self.DEPTH)
+        return self._aligned(False, self.DIRECT_CHUNK, self.DEPTH)
 
     def _aligned(self, pinned: bool, size: int, count: int) -> list[torch.Tensor]:
         if (pinned, count) not in self._buffers:
@@ -231,7 +234,8 @@ def place(
     direct: DirectFile | None = None,
 ) -> None:
     """Read ``found``'s bytes into the planner's tensor for ``item`` and commit it (through
-    ``direct``, when given, if they are many: see :meth:`DirectFile.suits`)."""
+    ``direct``, when given, into a host tensor of ``DirectFile.MIN_BYTES`` or more: see
+    :meth:`DirectFile.suits`)."""
     target = planner.resolve_tensor(item).detach()
     layout = found.layout
     if target.size() != layout.size():
@@ -247,8 +251,8 @@ def place(
             stream, nbytes, staging.buffer(into.is_cuda), layout.element_size()
         )
         _copy_into(flat, (chunk.view(layout.dtype) for chunk in chunks))
-    elif direct is not None and nbytes >= DirectFile.MIN_BYTES:
-        chunks = direct.chunks(found.start, nbytes, staging.ring(into.is_cuda))
+    elif direct is not None and into.device.type == "cpu" and nbytes >= DirectFile.MIN_BYTES:
+        chunks = direct.chunks(found.start, nbytes, staging.ring())
         _copy_into(flat.view(torch.uint8), chunks)
     elif into.device.type == "cpu":
         stream.seek(found.start)
