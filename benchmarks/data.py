@@ -15,9 +15,10 @@ together), with 0, 2 and 4 DataLoader workers per rank:
   load against a CPU build of torch; the MDS reader does not use it.
 
 Ceilings in the same run: ``cat`` of the same files (local) and a 16-thread ``s3fs`` read (S3).
-The local rows last tens to hundreds of milliseconds an epoch on two busy cores, so they (and
-``cat``) are measured in ``--rounds`` rounds (3 with ``--full``), the readers in a rotated
-order each round, and every local figure is the median of its rounds.
+A local epoch lasts tens to hundreds of milliseconds on two busy cores, and a cold S3 epoch
+writes the cache to a disk whose rate drifts, so every row (and ceiling) is measured in
+``--rounds`` rounds (3 with ``--full``), the readers in a rotated order each round, and every
+figure is the median of its rounds.
 Figures: samples/s and MB/s (all ranks together, the slowest rank's wall time), time to first
 batch, and for ``VolumeDataset`` the first batch after resuming mid-epoch from ``state_dict``.
 The local source is in the page cache for every reader (it was just written): "cold" is the
@@ -467,10 +468,10 @@ def unavailable() -> dict[str, str]:
 def measure(
     sources: list[Source], world: int, workers: list[int], rounds: int, log: Any
 ) -> tuple[list[Row], dict[tuple[str, str], Epoch]]:
-    """Every reader's row and the ceilings. The local rows (epochs of tens to hundreds of
-    milliseconds on two busy cores) are measured ``rounds`` times, the readers in a rotated
-    order each round and ``cat`` with them, and each figure is the median of the rounds; the
-    S3 rows (cold epochs of seconds to minutes) once."""
+    """Every reader's row and the ceilings, each measured ``rounds`` times (the readers in a
+    rotated order each round, the ceiling with them) and given as the median of its rounds:
+    a local epoch lasts tens to hundreds of milliseconds on two busy cores, and a cold S3 epoch
+    also writes the cache to a disk whose rate drifts."""
     skip = unavailable()
     runs: dict[tuple[str, str, str, int], list[dict[str, Epoch]]] = {}
     ceilings: dict[tuple[str, str], list[Epoch]] = {}
@@ -478,7 +479,7 @@ def measure(
         name, total = src.variant.name, src.variant.files * src.variant.size
         for where in ("local", "s3"):
             readers = [r for r in READERS if r not in skip and (r, where) != ("webdataset", "s3")]
-            for k in range(rounds if where == "local" else 1):
+            for k in range(rounds):
                 if where == "local":
                     ceilings.setdefault((name, where), []).append(cat_ceiling(src.folder, total))
                 else:
@@ -596,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--rounds", type=int, default=None,
-        help="rounds of the local rows, medians reported (default 3 with --full, else 1)",
+        help="rounds of every row, medians reported (default 3 with --full, else 1)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="also write the tables here (md)")
     args = parser.parse_args(argv)
@@ -645,8 +646,8 @@ def report(
             "",
             f"Machine: {os.cpu_count()} CPU cores; Python {sys.version.split()[0]}; torch "
             f"{torch.__version__}; {args.ranks} ranks; batch {BATCH}; data {data}; "
-            f"{time.strftime('%Y-%m-%d %H:%M')}; {elapsed:.0f} s in all; local rows and `cat`: "
-            f"the median of {args.rounds} round(s), readers in a rotated order.",
+            f"{time.strftime('%Y-%m-%d %H:%M')}; {elapsed:.0f} s in all; every figure the median "
+            f"of {args.rounds} round(s), readers in a rotated order.",
             f"Command: `PYTHONPATH=. python benchmarks/data.py{_flags(args)}`",
             f"Peers not measured:{missing or ' none'}",
             "",
