@@ -91,7 +91,7 @@ class Staging:
     DEPTH = 4
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple[bool, int], list[torch.Tensor]] = {}
+        self._buffers: dict[tuple[bool, int, int], list[torch.Tensor]] = {}
 
     def buffer(self, pinned: bool) -> torch.Tensor:
         """``CHUNK`` bytes whose first byte is on a page boundary."""
@@ -102,15 +102,16 @@ class Staging:
         return self._aligned(False, self.DIRECT_CHUNK, self.DEPTH)
 
     def _aligned(self, pinned: bool, size: int, count: int) -> list[torch.Tensor]:
-        if (pinned, count) not in self._buffers:
+        key = (pinned, size, count)
+        if key not in self._buffers:
             align = DirectFile.ALIGN
             raw = torch.empty(count * size + align, dtype=torch.uint8, pin_memory=pinned)
             skip = -raw.data_ptr() % align
             stride = -(-size // align) * align
-            self._buffers[pinned, count] = [
+            self._buffers[key] = [
                 raw[skip + k * stride : skip + k * stride + size] for k in range(count)
             ]
-        return self._buffers[pinned, count]
+        return self._buffers[key]
 
 
 class DirectFile:
@@ -127,6 +128,11 @@ class DirectFile:
         self._direct = direct
         self._buffered = buffered
         self._pool: ThreadPoolExecutor | None = None
+        self.refused = False
+        """Set when a direct read failed: the rest of the shard takes the buffered stream."""
+
+    def __bool__(self) -> bool:
+        return not self.refused
 
     @classmethod
     def open(cls, path: str) -> DirectFile | None:
@@ -251,9 +257,13 @@ def place(
             stream, nbytes, staging.buffer(into.is_cuda), layout.element_size()
         )
         _copy_into(flat, (chunk.view(layout.dtype) for chunk in chunks))
-    elif direct is not None and into.device.type == "cpu" and nbytes >= DirectFile.MIN_BYTES:
-        chunks = direct.chunks(found.start, nbytes, staging.ring())
-        _copy_into(flat.view(torch.uint8), chunks)
+    elif direct and into.device.type == "cpu" and nbytes >= DirectFile.MIN_BYTES:
+        try:
+            _copy_into(flat.view(torch.uint8), direct.chunks(found.start, nbytes, staging.ring()))
+        except OSError:  # a file system that opens files for direct I/O but refuses the reads
+            direct.refused = True
+            stream.seek(found.start)
+            _fill(stream, flat.view(torch.uint8))
     elif into.device.type == "cpu":
         stream.seek(found.start)
         _fill(stream, flat.view(torch.uint8))

@@ -374,3 +374,33 @@ def test_large_items_on_disk_are_read_with_direct_io_and_the_rest_through_the_ca
     sizes = sorted(nbytes for _, nbytes in direct_reads)
     assert sizes == [41_200, 43_200, 50_001]
     assert any(start % dcp_read.DirectFile.ALIGN for start, _ in direct_reads)
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_direct_read_falls_back_to_the_buffered_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system may open a file for direct I/O and then refuse the reads (EINVAL for an
+    alignment it wants larger): the item is read again through the buffered stream, and so is
+    the rest of the shard."""
+    from serverless_gpu.data import dcp_read
+
+    monkeypatch.setattr(dcp_read.DirectFile, "MIN_BYTES", 40_000)
+    tried: list[int] = []
+
+    def refused(self: Any, buffer: torch.Tensor, first: int, reach: int) -> None:
+        tried.append(first)
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(dcp_read.DirectFile, "_read", refused)
+    generator = torch.Generator().manual_seed(5)
+    saved = {f"t{k}": torch.randn(100, 103, generator=generator) for k in range(3)}
+    path = tmp_path / "ckpt"
+    dcp.save(saved, storage_writer=VolumeWriter(str(path)))
+    if not drop_from_memory(path):
+        pytest.skip(f"{path}'s file system keeps its files in memory")
+    loaded = {key: torch.zeros_like(value) for key, value in saved.items()}
+    dcp.load(loaded, storage_reader=VolumeReader(str(path)))
+    for key, value in saved.items():
+        assert torch.equal(loaded[key], value), key
+    assert len(tried) == 1  # the first item tried; the others went straight to the stream
