@@ -324,3 +324,34 @@ def test_a_local_volume_on_another_file_system_is_copied(tmp_path: Path) -> None
         assert Path(path).is_relative_to(tmp_path / "cache")
     finally:
         shutil.rmtree(volume, ignore_errors=True)
+
+
+def test_a_large_object_comes_in_ranged_requests_at_once(
+    s3_endpoint: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An object over the one-request size is fetched in parts, several requests at once (one
+    connection to an object store moves tens of MB/s), and arrives whole; one that grew after
+    the listing is an error naming it, as a small one is."""
+    options = {"endpoint_url": s3_endpoint}
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    fs.mkdir(bucket)
+    big = os.urandom((16 << 20) + (5 << 20) + 7)  # 3 parts of 8 MiB, the last one short
+    fs.pipe_file(f"{bucket}/vol/big.bin", big)
+    ds: VolumeDataset[str] = VolumeDataset(
+        f"s3://{bucket}/vol", tmp_path / "cache", storage_options=options, min_free_bytes=0
+    )
+    with caplog.at_level("INFO", logger="werkzeug"):
+        [path] = [p for batch in ds.loader(batch_size=1, num_workers=1) for p in batch]
+    assert Path(path).read_bytes() == big
+    lines = [r.getMessage() for r in caplog.records if r.name == "werkzeug"]
+    mine = [line for line in lines if "/vol/big.bin " in line]
+    assert len(mine) == 3 and all("GET /" in line for line in mine), mine
+
+    fs.pipe_file(f"{bucket}/vol/big.bin", big + b"grown")
+    grown: VolumeDataset[str] = VolumeDataset(
+        f"s3://{bucket}/vol", tmp_path / "cache2", storage_options=options, min_free_bytes=0
+    )
+    fs.pipe_file(f"{bucket}/vol/big.bin", big + b"grown more")  # after the listing
+    with pytest.raises(VolumeReadError, match=r"big\.bin.*longer than"):
+        list(grown)
