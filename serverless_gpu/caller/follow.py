@@ -22,21 +22,23 @@ STEP_S = 0.2
 
 
 class LogTail:
-    """Where each rank's log was read up to; prints complete lines, ``[rank N]`` first."""
+    """Where each rank's log was read up to; prints complete lines, each with ``[rank N]``
+    first unless ``prefix`` is false."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, *, prefix: bool = True) -> None:
         self.stream = stream
+        self.prefix = prefix
         self._read: dict[Path, int] = {}
         self._partial: dict[Path, bytes] = {}
 
-    def emit(self, paths: RunPaths) -> None:
-        """Print the lines the ranks' logs gained since the last call."""
-        for rank, path in paths.existing_logs().items():
+    def emit(self, logs: dict[int, Path]) -> None:
+        """Print the lines the ranks' logs (by rank) gained since the last call."""
+        for rank, path in logs.items():
             try:
                 with path.open("rb") as f:
                     f.seek(self._read.get(path, 0))
                     raw = f.read()
-            except OSError:  # pruned meanwhile: what was printed stays printed
+            except OSError:  # pruned meanwhile, or not written yet: what was printed stays
                 continue
             self._read[path] = self._read.get(path, 0) + len(raw)
             done, newline, rest = (self._partial.pop(path, b"") + raw).rpartition(b"\n")
@@ -45,18 +47,20 @@ class LogTail:
             if newline:
                 self._write(rank, done + newline)
 
-    def flush(self, paths: RunPaths) -> None:
+    def flush(self, logs: dict[int, Path]) -> None:
         """The run has ended: the last line of each log, also without its newline."""
-        self.emit(paths)
-        for rank, path in paths.existing_logs().items():
+        self.emit(logs)
+        for rank, path in logs.items():
             rest = self._partial.pop(path, b"")
             if rest:
                 self._write(rank, rest + b"\n")
 
     def _write(self, rank: int, data: bytes) -> None:
         text = data.decode(errors="replace")
+        if self.prefix:
+            text = "".join(f"[rank {rank}] {line}" for line in text.splitlines(keepends=True))
         out = self.stream if self.stream is not None else sys.stdout
-        out.write("".join(f"[rank {rank}] {line}" for line in text.splitlines(keepends=True)))
+        out.write(text)
         out.flush()
 
 
@@ -70,7 +74,7 @@ def follow(
     while True:
         left = STEP_S if deadline is None else min(STEP_S, deadline - time.monotonic())
         ended = wait(max(0.0, left))
-        current = paths()
+        current = paths().existing_logs()
         if ended:
             tail.flush(current)
             return True

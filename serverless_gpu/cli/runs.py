@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
+from serverless_gpu.caller.follow import LogTail
 from serverless_gpu.caller.runrecord import (
     RUNNING,
     RunInfo,
@@ -153,62 +152,21 @@ def print_logs(run: RunInfo, rank: int | None, follow: bool) -> int:
         if not known:  # a rank that has not started yet is waited for when following
             raise ConfigurationError(f"run {run.run_id} has no log for rank {rank}")
         paths = {rank: run.log_path(rank)}
-    prefix = rank is None and len(paths) > 1
-    offsets = dict.fromkeys(paths, 0)
-    pending = dict.fromkeys(paths, b"")
+    tail = LogTail(prefix=rank is None and len(paths) > 1)
     try:
         while True:
             running = follow and _running(run)
-            for r, path in paths.items():
-                offsets[r], pending[r] = _emit(path, offsets[r], pending[r], r if prefix else None)
+            tail.emit(paths)
             if not running:
                 break
             time.sleep(_FOLLOW_POLL_S)
-            paths = _more_logs(run, rank, paths, offsets, pending)
+            if rank is None:  # ranks that started after following began
+                paths = run.log_paths()
     except KeyboardInterrupt:
         return 130
-    for r, rest in pending.items():  # a last line without its newline
-        if rest:
-            _write(rest + b"\n", r if prefix else None)
+    tail.flush(paths)  # a last line without its newline
     return 0
 
 
 def _running(run: RunInfo) -> bool:
     return RunInfo(run.run_id, run.run_dir, read_record(run.run_dir)).status == RUNNING
-
-
-def _more_logs(
-    run: RunInfo,
-    rank: int | None,
-    paths: dict[int, Path],
-    offsets: dict[int, int],
-    pending: dict[int, bytes],
-) -> dict[int, Path]:
-    """Logs of ranks that started after following began."""
-    if rank is not None:
-        return paths
-    found = run.log_paths()
-    for r in found.keys() - paths.keys():
-        offsets[r], pending[r] = 0, b""
-    return found
-
-
-def _emit(path: Path, offset: int, pending: bytes, rank: int | None) -> tuple[int, bytes]:
-    """Write the log's complete new lines; the new offset and the unfinished line."""
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            raw = f.read()
-    except OSError:
-        return offset, pending
-    done, newline, rest = (pending + raw).rpartition(b"\n")
-    if newline:
-        _write(done + newline, rank)
-    return offset + len(raw), rest
-
-
-def _write(data: bytes, rank: int | None) -> None:
-    if rank is not None:
-        data = b"".join(b"[rank %d] " % rank + line for line in data.splitlines(keepends=True))
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
