@@ -159,6 +159,8 @@ class VolumeDataset(IterableDataset[T]):
         """Each iteration's epoch, resume point and seed, for persistent workers."""
         self._worker_iterations = 0
         self._local_files: tuple[list[str], list[int]] | None = None
+        if self.in_place and self.samples is None:
+            self._in_place_files()  # with the listing: an epoch's first item waits for none
 
     @property
     def epoch(self) -> int:
@@ -251,9 +253,9 @@ class VolumeDataset(IterableDataset[T]):
     def _in_place_files(self) -> tuple[list[str], list[int]]:
         """Every listed file's local path and listed size (made once: the listing is fixed)."""
         if self._local_files is None:
-            _, root = resolve(self.url, self.storage_options)
+            folder = os.path.join(resolve(self.url, self.storage_options)[1], "")
             self._local_files = (
-                [os.path.join(root, f.relpath) for f in self.files],
+                [folder + f.relpath for f in self.files],
                 [f.size for f in self.files],
             )
         return self._local_files
