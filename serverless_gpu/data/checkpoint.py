@@ -223,7 +223,8 @@ class VolumeReader(FsspecReader):
         staging = dcp_read.Staging()
         for relative_path, reqs in per_file.items():
             shard = self.fs.concat_path(self.path, relative_path)
-            direct = self._direct_file(shard)
+            large = any(info[r.storage_index].length >= dcp_read.DirectFile.MIN_BYTES for r in reqs)
+            direct = self._direct_file(shard) if large else None
             try:
                 # Asked before any byte of the shard is read: reading an item's header makes
                 # the kernel read ahead into its bytes.
