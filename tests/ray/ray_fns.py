@@ -169,9 +169,9 @@ def stuck_here(seconds: float) -> None:
 
 def rank1_goes_silent() -> None:
     # Every rank shows life once in user code first: on a busy machine the ranks' start alone
-    # can outlast the 2.5 s warning, which then names every rank before rank 1 goes quiet.
+    # can outlast a short warning, which then names every rank before rank 1 goes quiet.
     runtime.heartbeat()
-    for _ in range(60):
+    for _ in range(100):
         if runtime.get_global_rank() == 0:
             runtime.heartbeat()  # a sign of life without output
         time.sleep(0.1)
