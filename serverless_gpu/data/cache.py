@@ -25,6 +25,7 @@ from typing import BinaryIO
 
 from serverless_gpu.common import settings
 from serverless_gpu.data.errors import CacheFullError, VolumeReadError, changed_since_listing
+from serverless_gpu.data.piecewise import open_piecewise
 
 __all__ = ["CachePin", "LocalCache", "boot_id", "default_cache_dir"]
 
@@ -167,7 +168,7 @@ class LocalCache:
                 tmp.unlink(missing_ok=True)
                 raise
         try:
-            with os.fdopen(fd, "wb") as out:
+            with open_piecewise(fd) as out:
                 download(out)
                 out.truncate()
                 out.flush()

@@ -40,6 +40,7 @@ from torch.futures import Future
 from serverless_gpu.data import dcp_read
 from serverless_gpu.data._fs import is_local
 from serverless_gpu.data.errors import IncompleteCheckpointError, VolumeReadError
+from serverless_gpu.data.piecewise import open_piecewise
 
 __all__ = ["METADATA", "UCVolumeReader", "UCVolumeWriter", "VolumeReader", "VolumeWriter"]
 
@@ -83,8 +84,8 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
             os.makedirs(self.staging_dir, exist_ok=True)
             staged = Path(self.staging_dir) / f"dcp-{os.getpid()}-{secrets.token_hex(8)}.part"
         try:
-            with open(staged, mode) as stream:
-                yield stream  # type: ignore[misc]
+            with open_piecewise(staged, mode) as stream:
+                yield stream
             if is_local(self.fs):
                 os.replace(staged, final)
             else:

@@ -368,10 +368,16 @@ def test_large_items_on_disk_are_read_with_direct_io_and_the_rest_through_the_ca
 
     load()  # just written: in memory
     assert direct_reads == []
-    if not drop_from_memory(path):
-        pytest.skip(f"{path}'s file system keeps its files in memory")
-    load()
-    sizes = sorted(nbytes for _, nbytes in direct_reads)
+    # On a busy machine a drop now and then leaves an item's middle page in memory (the item
+    # then rightly takes the buffered stream): a few drops, until all three were on disk.
+    for _ in range(3):
+        direct_reads.clear()
+        if not drop_from_memory(path):
+            pytest.skip(f"{path}'s file system keeps its files in memory")
+        load()
+        sizes = sorted(nbytes for _, nbytes in direct_reads)
+        if sizes == [41_200, 43_200, 50_001]:
+            break
     assert sizes == [41_200, 43_200, 50_001]
     assert any(start % dcp_read.DirectFile.ALIGN for start, _ in direct_reads)
 
