@@ -15,6 +15,7 @@ from torch.utils.data import get_worker_info
 
 from serverless_gpu.data.batch_timing import LOG_INTERVAL_S, METRICS, Delivered, timed
 from serverless_gpu.data.checkpointable import Checkpointable
+from serverless_gpu.data.inline_tensors import InlineSmallTensors
 from serverless_gpu.rank import runtime
 
 __all__ = ["LOG_INTERVAL_S", "METRICS", "DataLoader"]
@@ -74,7 +75,9 @@ class DataLoader(torch.utils.data.DataLoader[Any]):
 
     Differences: ``num_workers`` defaults to the node's cores shared between its ranks (at
     most 8), ``prefetch_factor`` to 4 and ``persistent_workers`` to True when there are
-    workers (each can be given). With a :class:`Checkpointable` dataset, :meth:`state_dict`
+    workers (each can be given), and a worker sends tensors of up to 128 KiB by value, not
+    through shared memory (:mod:`serverless_gpu.data.inline_tensors`). With a
+    :class:`Checkpointable` dataset, :meth:`state_dict`
     and :meth:`load_state_dict` resume mid-epoch, each worker where the training loop stopped
     receiving its batches. Batch timing goes to the call's MLflow run (module docstring).
     """
@@ -110,6 +113,7 @@ class DataLoader(torch.utils.data.DataLoader[Any]):
             self._received = {}
             self.collate_fn = _StateCollate(self.collate_fn, dataset)
             self.worker_init_fn = _ResumeInit(self._resume, self.worker_init_fn)
+        self.worker_init_fn = InlineSmallTensors(self.worker_init_fn)
 
     def state_dict(self) -> dict[str, Any]:
         """Where every worker's stream stands, with the rank, world size and worker count it
