@@ -19,8 +19,10 @@ def prefetched(
     *,
     depth: int,
     release: Callable[[R], None],
+    threads: int | None = None,
 ) -> Generator[R, None, None]:
-    """Yield ``fetch(key)`` for every key, in order, keeping ``depth`` fetches in flight.
+    """Yield ``fetch(key)`` for every key, in order, keeping ``depth`` fetches queued or in
+    flight, ``threads`` of them (default ``depth``) running at once, in order.
 
     Results fetched ahead but never yielded (the consumer stopped early or a fetch failed) are
     handed to ``release`` so resources such as cache pins are not leaked. ``depth <= 0`` fetches
@@ -32,7 +34,8 @@ def prefetched(
         return
     remaining = iter(keys)
     pending: deque[Future[R]] = deque()
-    pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="volume-prefetch")
+    running = depth if threads is None else max(1, min(threads, depth))
+    pool = ThreadPoolExecutor(max_workers=running, thread_name_prefix="volume-prefetch")
     try:
         for key in remaining:
             pending.append(pool.submit(fetch, key))

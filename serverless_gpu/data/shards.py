@@ -52,6 +52,11 @@ INDEX_NAME = "tar-index.json"
 
 _INDEX_VERSION = 1
 _INDEX_THREADS = 8
+_SHARD_FETCHES = 1
+"""Shards fetched at once by one reader (each in ranged requests at once, ``listing``): the
+shard wanted next comes first. With all ``ahead`` shards fetched together each had a share of
+the bandwidth, and the first, the one the loop waits for, arrived about last (cold S3 with 2
+workers a rank on a moto server: first batch 540 -> 380 ms)."""
 
 
 @dataclass(frozen=True)
@@ -221,7 +226,8 @@ def read_samples(
     ahead: int,
 ) -> Iterator[dict[str, Any]]:
     """The samples at ``indices``, in order; each run of samples from one shard is read from
-    one ``open_shard`` of it, and the next ``ahead`` shards are opened (fetched) meanwhile."""
+    one ``open_shard`` of it, and the next ``ahead`` shards are opened (fetched) meanwhile,
+    one after the other."""
     runs: list[tuple[int, list[int]]] = []
     for i in indices:
         shard = samples[i].shard
@@ -230,7 +236,7 @@ def read_samples(
         else:
             runs.append((shard, [i]))
     opened = prefetched([shard for shard, _ in runs], open_shard, depth=ahead,
-                        release=lambda s: s.close())  # fmt: skip
+                        release=lambda s: s.close(), threads=_SHARD_FETCHES)  # fmt: skip
     with closing(opened):
         for handle, (_, run) in zip(opened, runs, strict=False):
             try:

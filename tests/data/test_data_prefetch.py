@@ -39,3 +39,25 @@ def test_early_stop_releases_prefetched_results_and_threads() -> None:
     assert 1 in fetched and max(fetched) <= 3  # fetched ahead, but no further than depth
     assert sorted(released) == sorted(set(fetched) - {0})  # everything not yielded is released
     assert threading.active_count() == before
+
+
+def test_with_one_thread_the_fetches_ahead_run_one_after_the_other_in_order() -> None:
+    """``threads=1`` (tar shards): ``depth`` keys are queued, one fetch runs at a time, the
+    next key first. The first fetch waits (2 s at most) for a second one to start beside it,
+    which happens at once where several run."""
+    order: list[tuple[int, int]] = []
+    another_started = threading.Event()
+
+    def fetch(key: int) -> int:
+        order.append((key, threading.get_ident()))
+        if key == 0:
+            another_started.wait(2)
+        else:
+            another_started.set()
+        return key
+
+    assert list(prefetched(range(5), fetch, depth=4, release=lambda _: None, threads=1)) == [
+        0, 1, 2, 3, 4,
+    ]  # fmt: skip
+    assert [key for key, _ in order] == [0, 1, 2, 3, 4]
+    assert len({thread for _, thread in order}) == 1
