@@ -168,7 +168,7 @@ class LocalCache:
                 tmp.unlink(missing_ok=True)
                 raise
         try:
-            with open_piecewise(fd) as out:
+            with open_piecewise(fd, write_behind=self.durable) as out:
                 download(out)
                 out.truncate()
                 out.flush()

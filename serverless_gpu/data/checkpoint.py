@@ -84,7 +84,7 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
             os.makedirs(self.staging_dir, exist_ok=True)
             staged = Path(self.staging_dir) / f"dcp-{os.getpid()}-{secrets.token_hex(8)}.part"
         try:
-            with open_piecewise(staged, mode) as stream:
+            with open_piecewise(staged, mode, write_behind=True) as stream:
                 yield stream
             if is_local(self.fs):
                 os.replace(staged, final)

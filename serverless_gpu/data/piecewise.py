@@ -7,21 +7,38 @@ more now and then runs at 60-500 MB/s, the kernel's time all in that copy
 wrote an 8 MiB part in one call filled at disk speed what the page cache takes at memory
 speed. Writing in pieces costs a syscall per 256 KiB elsewhere (boto3 writes downloads in
 pieces of the same size), so the cache's copies and the checkpoint's shards always do.
+
+A file that will be fsynced when complete (a checkpoint shard) is opened with
+``write_behind``: every :data:`WRITE_BEHIND` bytes the kernel is asked to start writing what is
+dirty (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait), so the disk works
+while the rest is copied in, instead of after (two processes writing 512 MiB each and
+fsyncing: 1.8-2.0 GB/s without, 2.4-2.5 GB/s with, on the 2-core machine).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import io
 import os
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PIECE", "PiecewiseFileIO", "open_piecewise"]
+__all__ = ["PIECE", "WRITE_BEHIND", "PiecewiseFileIO", "open_piecewise"]
 
 PIECE = 256 << 10
+WRITE_BEHIND = 8 << 20
+_SYNC_FILE_RANGE_WRITE = 2
 
 
 class PiecewiseFileIO(io.FileIO):
-    """``io.FileIO`` that splits a large write into :data:`PIECE`-byte ``write`` calls."""
+    """``io.FileIO`` that splits a large write into :data:`PIECE`-byte ``write`` calls, and
+    with ``write_behind`` starts the write-back of its dirty pages as it goes."""
+
+    def __init__(self, file: str | int, mode: str, *, write_behind: bool = False) -> None:
+        super().__init__(file, mode)
+        self._start_writeback = _sync_file_range() if write_behind else None
+        self._unflushed = 0
 
     def write(self, b: Any, /) -> int:
         view = memoryview(b).cast("B")
@@ -31,13 +48,34 @@ class PiecewiseFileIO(io.FileIO):
             if not written:  # a non-blocking descriptor that is full: what went, as FileIO does
                 return done
             done += written
+            self._unflushed += written
+            if self._start_writeback is not None and self._unflushed >= WRITE_BEHIND:
+                self._unflushed = 0
+                # Offset 0, length 0: every dirty page of the file not already being written.
+                self._start_writeback(self.fileno(), 0, 0, _SYNC_FILE_RANGE_WRITE)
         return done
 
 
-def open_piecewise(file: str | os.PathLike[str] | int, mode: str = "wb") -> io.BufferedWriter:
+@functools.cache
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's ``sync_file_range``, or ``None`` where there is none (not Linux)."""
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+def open_piecewise(
+    file: str | os.PathLike[str] | int, mode: str = "wb", *, write_behind: bool = False
+) -> io.BufferedWriter:
     """A binary file open for writing (``mode`` ``"wb"``, ``"xb"`` or ``"ab"``; a descriptor
-    is owned and closed by the file) whose writes reach the kernel in pieces."""
+    is owned and closed by the file) whose writes reach the kernel in pieces; with
+    ``write_behind``, for a file that will be fsynced, its write-back starts as it grows."""
     if "r" in mode or "+" in mode or "b" not in mode:
         raise ValueError(f"open_piecewise opens binary files for writing only, not {mode!r}")
     target = file if isinstance(file, int) else os.fspath(file)
-    return io.BufferedWriter(PiecewiseFileIO(target, mode.replace("b", "")), PIECE)
+    raw = PiecewiseFileIO(target, mode.replace("b", ""), write_behind=write_behind)
+    return io.BufferedWriter(raw, PIECE)
