@@ -1,18 +1,20 @@
 """Files whose every ``write(2)`` is at most :data:`PIECE` bytes.
 
 A buffered write copies the caller's bytes into the page cache's folios. On some kernels
-(Linux 6.18 on ext4, the 2-core machine of ``docs/benchmarks.md``) one ``write`` of 512 KiB or
-more now and then runs at 60-500 MB/s, the kernel's time all in that copy
-(``copy_folio_from_iter_atomic``), where writes of 256 KiB run at 3.6-4.2 GB/s: a cache that
-wrote an 8 MiB part in one call filled at disk speed what the page cache takes at memory
-speed. Writing in pieces costs a syscall per 256 KiB elsewhere (boto3 writes downloads in
-pieces of the same size), so the cache's copies and the checkpoint's shards always do.
+(Linux 6.18 on ext4, the 2-core machine of ``docs/benchmarks.md``) one ``write`` of 2 MiB or
+more often runs at about 60 MB/s, the kernel's time all in that copy
+(``copy_folio_from_iter_atomic``, seen with ``perf``), where writes of 256 KiB run at about
+3 GB/s (``benchmarks/data_io.py``): a cache that wrote an 8 MiB part in one call filled at disk
+speed what the page cache takes at memory speed. Writing in pieces costs a syscall per 256 KiB
+elsewhere (boto3 writes downloads in pieces of the same size), so the cache's copies and the
+checkpoint's shards always do.
 
 A file that will be fsynced when complete (a checkpoint shard) is opened with
 ``write_behind``: every :data:`WRITE_BEHIND` bytes the kernel is asked to start writing what is
 dirty (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait), so the disk works
-while the rest is copied in, instead of after (two processes writing 512 MiB each and
-fsyncing: 1.8-2.0 GB/s without, 2.4-2.5 GB/s with, on the 2-core machine).
+while the rest is copied in, instead of after (``benchmarks/checkpoint.py --full``: a 1 GiB
+save at 0.69x ``dd`` without it, 0.95x and 1.13x in two runs with it; the outputs are in
+``benchmarks/results/checkpoint-full-2core*.md``).
 """
 
 from __future__ import annotations
