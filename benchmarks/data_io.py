@@ -13,6 +13,11 @@
   which the page cache takes the copy), the three interleaved in every round.
 * **Page-cache writes**: the same 192 MiB from memory by ``write()`` calls of 256 KiB to
   8 MiB, the sizes interleaved in every round.
+* **Page-cache reads**: six files of 32 MiB read back in 256 KiB ``pread`` calls, all in
+  memory, by how they came there: written in 16 KiB ``write()`` calls (as Python's
+  ``tarfile`` writes a member), in 256 KiB calls, or written, dropped from the page cache and
+  read back once. The kernel keeps a file's pages in groups (folios) whose size follows how
+  they arrived, and a read copies group by group.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ KiB, MiB = 1 << 10, 1 << 20
 BATCHES = 400
 SIZES = (4 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)
 WRITES = (256 * KiB, 1 * MiB, 2 * MiB, 8 * MiB)
+READ_AFTER = (16 * KiB, 256 * KiB)
+SAMPLE = 256 * KiB
 
 
 class Batches(IterableDataset[torch.Tensor]):
@@ -145,6 +152,49 @@ def _plain(path: Path, key: str, *, data: memoryview, size: int) -> None:
             out.write(data[at : at + size])
 
 
+def read_rates(folder: Path, reps: int) -> dict[str, float]:
+    data = memoryview(os.urandom(32 * MiB))
+    files: dict[str, list[Path]] = {}
+    for size in READ_AFTER:
+        files[f"written in {size // KiB} KiB write() calls"] = [
+            _written(folder / f"read-{size}-{i}", data, size) for i in range(6)
+        ]
+    files["written, dropped, read back once"] = [
+        _read_back(_written(folder / f"read-back-{i}", data, PIECE)) for i in range(6)
+    ]
+    ways: dict[str, Callable[[Path, str], None]] = {
+        name: partial(_pread_all, paths=paths) for name, paths in files.items()
+    }
+    return _interleaved(ways, ["all"], folder, reps, 6 * len(data))
+
+
+def _written(path: Path, data: memoryview, size: int) -> Path:
+    _plain(path, "", data=data, size=size)
+    return path
+
+
+def _read_back(path: Path) -> Path:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        while os.read(fd, 1 * MiB):
+            pass
+    finally:
+        os.close(fd)
+    return path
+
+
+def _pread_all(_out: Path, _key: str, *, paths: list[Path]) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for at in range(0, os.fstat(fd).st_size, SAMPLE):
+                os.pread(fd, SAMPLE, at)
+        finally:
+            os.close(fd)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=3)
@@ -173,11 +223,16 @@ def main() -> None:
     try:
         fill = fill_rates(folder, args.reps)
         writes = write_rates(folder, args.reps)
+        reads = read_rates(folder, args.reps)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     where = args.dir or tempfile.gettempdir()
-    for title, rates in ((f"Cache fill from S3 into {where}", fill),
-                         (f"Page-cache writes into {where}", writes)):  # fmt: skip
+    sections = [
+        (f"Cache fill from S3 into {where}", fill),
+        (f"Page-cache writes into {where}", writes),
+        (f"Page-cache reads of {SAMPLE // KiB} KiB from {where}", reads),
+    ]
+    for title, rates in sections:
         lines += ["", f"{title}, MB/s:", "", "| way | MB/s |", "|---|---|"]
         lines += [f"| {name} | {rate:,.0f} |" for name, rate in rates.items()]
     text = "\n".join(lines) + "\n"

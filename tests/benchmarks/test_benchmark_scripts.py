@@ -91,7 +91,12 @@ def test_data_and_checkpoint_benchmarks_tiny(tmp_path: Path) -> None:
         ),
         "data_io.py": (
             ["--reps", "1", "--dir", str(tmp_path)],
-            ["| 4 KiB |", "| boto3 download_file |", "| write() of 8192 KiB |"],
+            [
+                "| 4 KiB |",
+                "| boto3 download_file |",
+                "| write() of 8192 KiB |",
+                "| written, dropped, read back once |",
+            ],
         ),
     }
     for script, (extra, expected) in runs.items():
