@@ -25,6 +25,20 @@ _MAX_DEFAULT_WORKERS = 8
 _DEFAULT_PREFETCH = 4
 
 
+def worker_options(
+    workers: int, prefetch_factor: int | None, persistent_workers: bool | None
+) -> dict[str, Any]:
+    """torch's worker options as this package's loaders default them: with workers, 4 batches
+    ahead per worker and workers kept from one epoch to the next (starting them each epoch can
+    take longer than a short epoch's reading), each overridable; without, torch's own."""
+    if workers == 0:
+        return {"prefetch_factor": prefetch_factor, "persistent_workers": bool(persistent_workers)}
+    return {
+        "prefetch_factor": _DEFAULT_PREFETCH if prefetch_factor is None else prefetch_factor,
+        "persistent_workers": True if persistent_workers is None else persistent_workers,
+    }
+
+
 def default_num_workers() -> int:
     """This node's cores shared between its ranks, at most 8 per rank, at least 1."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -92,15 +106,11 @@ class DataLoader(torch.utils.data.DataLoader[Any]):
         **kwargs: Any,
     ) -> None:
         workers = default_num_workers() if num_workers is None else num_workers
-        if workers > 0:
-            prefetch_factor = _DEFAULT_PREFETCH if prefetch_factor is None else prefetch_factor
-            persistent_workers = True if persistent_workers is None else persistent_workers
         super().__init__(  # type: ignore[misc]  # torch's positional arguments end before these
             dataset,
             *args,
             num_workers=workers,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=bool(persistent_workers),
+            **worker_options(workers, prefetch_factor, persistent_workers),
             **kwargs,
         )
         self._delivered = Delivered()

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from serverless_gpu.data.batch_timing import Delivered, timed
+from serverless_gpu.data.dataloader import worker_options
 from serverless_gpu.data.inline_tensors import InlineSmallTensors
 from serverless_gpu.data.sharding import epoch_seed
 from serverless_gpu.data.worker_plan import torch_base_seed
@@ -30,12 +31,13 @@ class VolumeDataLoader(DataLoader[Any]):
     Every batch handed to the training loop increments the dataset's position, so
     ``dataset.state_dict()`` taken between steps says exactly which batches were consumed.
     Worker seeds come from a private generator seeded by ``(dataset.seed, epoch)`` unless a
-    ``generator`` is passed; with ``persistent_workers=True`` the workers start once and follow
-    each epoch, resume point and seed the training process sets (a ``worker_init_fn`` runs
-    once, at their start). A worker sends tensors of up to 128 KiB by value, not through
-    shared memory (:mod:`serverless_gpu.data.inline_tensors`). Options that would make the
-    delivery order non-deterministic
-    (``in_order=False``, a ``sampler``) are refused.
+    ``generator`` is passed. With workers, ``persistent_workers`` defaults to True and
+    ``prefetch_factor`` to 4, as for :class:`~serverless_gpu.data.DataLoader`: the workers
+    start once and follow each epoch, resume point and seed the training process sets (a
+    ``worker_init_fn`` runs once, at their start); ``close()`` stops them. A worker sends
+    tensors of up to 128 KiB by value, not through shared memory
+    (:mod:`serverless_gpu.data.inline_tensors`). Options that would make the delivery order
+    non-deterministic (``in_order=False``, a ``sampler``) are refused.
     One iterator at a time per loader. Batch timing goes to the call's MLflow run as
     :class:`~serverless_gpu.data.DataLoader`'s does.
     """
@@ -54,6 +56,13 @@ class VolumeDataLoader(DataLoader[Any]):
         if self._owns_generator:
             kwargs["generator"] = torch.Generator()
         kwargs["worker_init_fn"] = InlineSmallTensors(kwargs.get("worker_init_fn"))
+        kwargs.update(
+            worker_options(
+                kwargs.get("num_workers", 0),
+                kwargs.get("prefetch_factor"),
+                kwargs.get("persistent_workers"),
+            )
+        )
         super().__init__(dataset, **kwargs)
         self._delivered = Delivered()
         dataset._mark_tracked()

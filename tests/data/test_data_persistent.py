@@ -65,7 +65,9 @@ def test_persistent_workers_read_each_epoch_as_fresh_workers_would(
     kept = dataset(volume, tmp_path).loader(
         persistent_workers=True, multiprocessing_context=start, **options
     )
-    fresh = dataset(volume, tmp_path).loader(multiprocessing_context="fork", **options)
+    fresh = dataset(volume, tmp_path).loader(
+        persistent_workers=False, multiprocessing_context="fork", **options
+    )
     try:
         orders, pids = [], []
         for _ in range(3):
@@ -114,3 +116,26 @@ def test_persistent_workers_resume_mid_epoch_and_after_a_break(
         loader.close()
         if resumed_loader is not None:
             resumed_loader.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_loader_keeps_its_workers_unless_told_not_to(volume: Path, tmp_path: Path) -> None:
+    """As ``serverless_gpu.data.DataLoader`` does: starting workers every epoch costs more than a
+    short epoch's reading on a small machine."""
+    options: dict[str, Any] = {"batch_size": 2, "num_workers": 2, "collate_fn": as_list}
+    kept = dataset(volume, tmp_path).loader(**options)
+    try:
+        assert (kept.persistent_workers, kept.prefetch_factor) == (True, 4)
+        pids = [{p for p, _, _ in epoch(kept)} for _ in range(2)]
+        assert pids[0] == pids[1] and len(pids[0]) == 2
+    finally:
+        kept.close()
+    plain = dataset(volume, tmp_path).loader(persistent_workers=False, **options)
+    assert (plain.persistent_workers, plain.prefetch_factor) == (False, 4)
+    assert {p for p, _, _ in epoch(plain)}.isdisjoint(pids[0])
+    without = dataset(volume, tmp_path).loader(batch_size=2)  # no workers: torch's options
+    assert (without.persistent_workers, without.prefetch_factor) == (False, None)
+    for pid in pids[0]:
+        eventually(
+            lambda pid=pid: not psutil.pid_exists(pid), timeout=20, what=f"worker {pid} gone"
+        )
