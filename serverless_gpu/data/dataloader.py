@@ -16,27 +16,13 @@ from torch.utils.data import get_worker_info
 from serverless_gpu.data.batch_timing import LOG_INTERVAL_S, METRICS, Delivered, timed
 from serverless_gpu.data.checkpointable import Checkpointable
 from serverless_gpu.data.inline_tensors import InlineSmallTensors
+from serverless_gpu.data.worker_options import worker_options
 from serverless_gpu.rank import runtime
 
 __all__ = ["LOG_INTERVAL_S", "METRICS", "DataLoader"]
 
 STATE_VERSION = 1
 _MAX_DEFAULT_WORKERS = 8
-_DEFAULT_PREFETCH = 4
-
-
-def worker_options(
-    workers: int, prefetch_factor: int | None, persistent_workers: bool | None
-) -> dict[str, Any]:
-    """torch's worker options as this package's loaders default them: with workers, 4 batches
-    ahead per worker and workers kept from one epoch to the next (starting them each epoch can
-    take longer than a short epoch's reading), each overridable; without, torch's own."""
-    if workers == 0:
-        return {"prefetch_factor": prefetch_factor, "persistent_workers": bool(persistent_workers)}
-    return {
-        "prefetch_factor": _DEFAULT_PREFETCH if prefetch_factor is None else prefetch_factor,
-        "persistent_workers": True if persistent_workers is None else persistent_workers,
-    }
 
 
 def default_num_workers() -> int:

@@ -10,9 +10,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from serverless_gpu.data.batch_timing import Delivered, timed
-from serverless_gpu.data.dataloader import worker_options
 from serverless_gpu.data.inline_tensors import InlineSmallTensors
 from serverless_gpu.data.sharding import epoch_seed
+from serverless_gpu.data.worker_options import worker_options
 from serverless_gpu.data.worker_plan import torch_base_seed
 
 if TYPE_CHECKING:
