@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -117,6 +118,8 @@ class LauncherClient:
                 self._take(self.conn.recv())
         except (EOFError, OSError):
             pass
+        except Exception as exc:  # an event's handler failed: see _unhandled
+            self._unhandled(exc)
         with self.state_lock:
             self.exiting = self.ended = True
             unaccepted = list(self.unaccepted.values())
@@ -135,6 +138,19 @@ class LauncherClient:
             self.exiting = True
         else:
             self._on_message(message)
+
+    def _unhandled(self, exc: Exception) -> None:
+        """An event this side could not take (e.g. a handler's thread could not start under
+        a pids limit) leaves it not knowing where its runs stand, and with no reader none of
+        them would ever end: the launcher is killed, which fails them with this cause (a
+        fresh launcher takes the next call)."""
+        traceback.print_exception(exc, file=sys.stderr)
+        self.killed_because = (
+            f"the caller could not handle one of its events ({type(exc).__name__}: {exc})"
+        )
+        self.stopped = True  # its unaccepted runs fail too: the cause may be on this side
+        with contextlib.suppress(OSError):
+            self.proc.kill()
 
     def _kill_rank_groups(self) -> None:
         """A launcher that died without cleaning up (SIGKILL) left its ranks to their

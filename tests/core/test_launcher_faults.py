@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -146,6 +147,35 @@ def test_failed_fork_fails_the_call_with_its_cause_and_the_launcher_stays(
     assert "could not start 8 ranks" in out.stdout
     assert "Resource temporarily unavailable" in out.stdout
     assert "SAME LAUNCHER True" in out.stdout, (out.stdout, out.stderr)
+
+
+@pytest.mark.timeout(120)
+def test_an_event_the_caller_cannot_handle_fails_the_call_in_bounded_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The caller's event reader hands each event to its run; when that raises (under a pids
+    limit, a thread a handler starts cannot start), the reader must not just end: every call
+    of that launcher would then wait for ever."""
+    from serverless_gpu.caller.handle import RunHandle
+    from serverless_gpu.wire.events import RunScheduled
+
+    push = RunHandle.push
+
+    def failing_push(self: RunHandle[Any], event: Any) -> None:
+        if isinstance(event, RunScheduled):
+            raise RuntimeError("can't start new thread")
+        push(self, event)
+
+    @distributed(gpus=2, tracking=False, output="none", standby=False)
+    def one() -> int:
+        return 1
+
+    monkeypatch.setattr(RunHandle, "push", failing_push)
+    with pytest.raises(DistributedError) as info:
+        one.start().result(timeout=60)
+    assert "could not handle" in str(info.value) and "can't start new thread" in str(info.value)
+    monkeypatch.setattr(RunHandle, "push", push)
+    assert one.distributed() == [1, 1]  # a fresh launcher takes the next call
 
 
 @pytest.fixture
