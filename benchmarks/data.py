@@ -439,16 +439,14 @@ def _tar_shards(folder: Path, names: list[str], out: Path, count: int) -> list[s
     return shards
 
 
-PIECE = 256 * KiB
-"""The largest ``write()`` of any local file of the dataset (the files are one write each)."""
-
-
 def _rewrite_in_pieces(path: Path) -> None:
-    """Writes ``path`` again in ``PIECE`` calls, so its cached pages are held as the files' are."""
-    data = memoryview(path.read_bytes())
-    with open(path, "wb", buffering=0) as out:
-        for at in range(0, len(data), PIECE):
-            out.write(data[at : at + PIECE])
+    """Writes ``path`` again in 256 KiB ``write`` calls (the library's ``open_piecewise``), so
+    its cached pages are held as those of the files (one 256 KiB write each) are."""
+    from serverless_gpu.data.piecewise import open_piecewise
+
+    data = path.read_bytes()
+    with open_piecewise(path) as out:
+        out.write(data)
 
 
 def start_moto() -> tuple[subprocess.Popen[bytes], str]:

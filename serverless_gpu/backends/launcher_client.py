@@ -145,10 +145,14 @@ class LauncherClient:
         them would ever end: the launcher is killed, which fails them with this cause (a
         fresh launcher takes the next call)."""
         traceback.print_exception(exc, file=sys.stderr)
-        self.killed_because = (
-            f"the caller could not handle one of its events ({type(exc).__name__}: {exc})"
-        )
-        self.stopped = True  # its unaccepted runs fail too: the cause may be on this side
+        self.kill(f"the caller could not handle one of its events ({type(exc).__name__}: {exc})")
+
+    def kill(self, because: str) -> None:
+        """SIGKILL the launcher: its runs fail with ``because`` once the reader sees the exit,
+        and none it had not accepted is sent on (the cause may be on this side). Its ranks end
+        by their parent-death signal, what they started through their process groups."""
+        self.killed_because = because
+        self.stopped = True
         with contextlib.suppress(OSError):
             self.proc.kill()
 

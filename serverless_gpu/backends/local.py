@@ -140,9 +140,7 @@ class LocalBackend:
         with launcher.state_lock:
             holds = run_id in launcher.runs or run_id in launcher.unaccepted
         if holds:
-            launcher.killed_because = f"it had not ended run {run_id} {when}"
-            launcher.stopped = True  # overdue already: its runs are not sent on
-            launcher.proc.kill()
+            launcher.kill(f"it had not ended run {run_id} {when}")
 
     def _launcher_exited(self, launcher: LauncherClient, unaccepted: list[RunSpec]) -> None:
         """The launcher ended: runs it never accepted go to a fresh one (once); runs it was

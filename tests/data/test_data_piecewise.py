@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from serverless_gpu.data import LocalCache, VolumeReader, VolumeWriter
+from serverless_gpu.data import LocalCache, VolumeReader, VolumeWriter, piecewise
 from serverless_gpu.data.piecewise import PIECE, open_piecewise
 
 MiB = 1 << 20
@@ -68,14 +68,41 @@ def test_a_checkpoint_shard_reaches_the_kernel_in_pieces(tmp_path: Path) -> None
     assert torch.equal(loaded["w"], saved["w"])
 
 
-def test_write_behind_writes_the_same_bytes(tmp_path: Path) -> None:
-    """With ``write_behind`` the kernel is asked to start write-back every 8 MiB: the file's
-    bytes are the same, and the call is there (Linux)."""
-    from serverless_gpu.data.piecewise import WRITE_BEHIND, _sync_file_range
+@pytest.fixture
+def write_backs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """Every ``sync_file_range`` call ``open_piecewise`` makes from now on, each still made."""
+    real = piecewise._sync_file_range()
+    if real is None:
+        pytest.skip("no sync_file_range here (not Linux)")
+    calls: list[tuple[int, ...]] = []
 
-    data = os.urandom(2 * WRITE_BEHIND + 5)
+    def counted(*args: int) -> int:
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(piecewise, "_sync_file_range", lambda: counted)
+    return calls
+
+
+def test_write_behind_starts_write_back_every_8_mib(
+    tmp_path: Path, write_backs: list[tuple[int, ...]]
+) -> None:
+    data = os.urandom(2 * piecewise.WRITE_BEHIND + 5)
+    with open_piecewise(tmp_path / "plain") as out:
+        out.write(data)
+    assert write_backs == []  # only when asked for
     with open_piecewise(tmp_path / "f", write_behind=True) as out:
         out.write(data)
-        os.fsync(out.fileno())
+        fd = out.fileno()
+        os.fsync(fd)
     assert (tmp_path / "f").read_bytes() == data
-    assert _sync_file_range() is not None
+    # Offset 0, length 0, SYNC_FILE_RANGE_WRITE: all that is dirty, without waiting.
+    assert write_backs == [(fd, 0, 0, 2), (fd, 0, 0, 2)]
+
+
+def test_a_checkpoint_shard_starts_its_write_back_as_it_grows(
+    tmp_path: Path, write_backs: list[tuple[int, ...]]
+) -> None:
+    saved = {"w": torch.arange(2 * MiB, dtype=torch.float32)}  # 8 MiB: one write-back
+    dcp.save(saved, storage_writer=VolumeWriter(str(tmp_path / "ckpt")), no_dist=True)
+    assert len(write_backs) >= 1
