@@ -3,11 +3,10 @@
 A buffered write copies the caller's bytes into the page cache's folios. On some kernels
 (Linux 6.18 on ext4, the 2-core machine of ``docs/benchmarks.md``) one ``write`` of 2 MiB or
 more runs at 140-170 MB/s, the kernel's time all in that copy (``copy_folio_from_iter_atomic``,
-seen with ``perf``), where writes of 256 KiB run at 3-4 GB/s (``benchmarks/data_io.py``): a
-cache that wrote an 8 MiB part in one call filled at disk
-speed what the page cache takes at memory speed. Writing in pieces costs a syscall per 256 KiB
-elsewhere (boto3 writes downloads in pieces of the same size), so the cache's copies and the
-checkpoint's shards always do.
+seen with ``perf``), where writes of 256 KiB run at about 4 GB/s (``benchmarks/data_io.py``):
+a cache that wrote an 8 MiB part in one call filled at disk speed what the page cache takes at
+memory speed. Writing in pieces costs a syscall per 256 KiB elsewhere (boto3 writes downloads
+in pieces of the same size), so the cache's copies and the checkpoint's shards always do.
 
 A file that will be fsynced when complete (a checkpoint shard) is opened with
 ``write_behind``: every :data:`WRITE_BEHIND` bytes the kernel is asked to start writing what is
