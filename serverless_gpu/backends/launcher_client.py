@@ -1,7 +1,7 @@
 """In the caller: the launcher process of the local backend, its socket, and the thread that
 reads its events.
 
-:class:`LauncherClient` starts ``python -m serverless_gpu.launcher`` with its end of a
+:class:`LauncherClient` starts ``python -m serverless_gpu.launcher_process`` with its end of a
 socketpair, sends it runs and control messages, and hands the events it reads to the backend;
 when the launcher ends it reports the runs it had not accepted (the backend sends them on to
 a fresh one) and kills what a launcher killed without cleaning up left behind.
@@ -51,7 +51,7 @@ class LauncherClient:
         package_parent = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
-        args = [sys.executable, "-m", "serverless_gpu.launcher", str(theirs.fileno())]
+        args = [sys.executable, "-m", "serverless_gpu.launcher_process", str(theirs.fileno())]
         # The parent-death signal fires when the *thread* that forked exits, so only the main
         # thread may ask for it; the launcher also watches this process through a pidfd, and
         # EOF on the socket covers the rest.

@@ -1,8 +1,9 @@
 """The local backend: one launcher process per caller, ranks forked from it on this machine.
 
 The caller never forks (it may hold a CUDA context). The launcher is started fresh with
-``python -m serverless_gpu.launcher``, kept for the caller's life, restarted transparently if it
-died, and stopped at exit. It dies with the caller even on SIGKILL: it reads EOF on its socket.
+``python -m serverless_gpu.launcher_process``, kept for the caller's life, restarted
+transparently if it died, and stopped at exit. It dies with the caller even on SIGKILL: it
+reads EOF on its socket.
 The process and its socket are ``launcher_client.py``'s; this module routes runs and their
 events, and watches each run's time and system metrics.
 """

@@ -2,7 +2,8 @@
 
 ``serverless-gpu launcher``, ``serverless-gpu standby gpu0`` (or ``standby cpu``) for a rank
 waiting for a call, ``serverless-gpu rank 1/8 train`` for a running rank; without them every
-process reads ``python -m serverless_gpu.launcher``, and idle standby ranks look like a leak.
+process reads ``python -m serverless_gpu.launcher_process``, and idle standby ranks look like a
+leak.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ LAUNCHER = f"{PREFIX} launcher"
 def is_launcher(cmdline: list[str]) -> bool:
     """Whether a process's command line (``psutil.Process.cmdline()``) is one of our launchers,
     named or not (setproctitle missing)."""
-    return " ".join(cmdline).strip() == LAUNCHER or "serverless_gpu.launcher" in cmdline
+    return " ".join(cmdline).strip() == LAUNCHER or "serverless_gpu.launcher_process" in cmdline
 
 
 def set_title(what: str) -> None:

@@ -284,7 +284,8 @@ DEVICES = Variable(
     "SERVERLESS_GPU_DEVICES",
     "",
     _text,
-    "In a rank: the comma-separated devices its run was allocated (``launcher/allocation.py``).",
+    "In a rank: the comma-separated devices its run was allocated"
+    " (``launcher_process/allocation.py``).",
 )
 RANK_INIT = Variable(
     "SERVERLESS_GPU_RANK_INIT",

@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("serverless_gpu.runfiles",),
     ("serverless_gpu.doctor",),
     ("serverless_gpu.rank",),
-    ("serverless_gpu.launcher",),
+    ("serverless_gpu.launcher_process",),
     ("serverless_gpu.caller",),
     ("serverless_gpu.tracking",),
     ("serverless_gpu.data",),
@@ -159,13 +159,14 @@ def test_the_fitness_rules_see_an_upward_import() -> None:
     """The checks above are only as good as their reading of imports: a rank module importing
     the launcher, and a cycle, must be found."""
     graph = {
-        "serverless_gpu.rank.main": {"serverless_gpu.launcher.loop"},
-        "serverless_gpu.launcher.loop": set(),
+        "serverless_gpu.rank.main": {"serverless_gpu.launcher_process.loop"},
+        "serverless_gpu.launcher_process.loop": set(),
     }
-    assert _layer("serverless_gpu.rank.main") < _layer("serverless_gpu.launcher.loop")
-    graph["serverless_gpu.launcher.loop"].add("serverless_gpu.rank.main")
-    assert _cycles(graph) == [["serverless_gpu.launcher.loop", "serverless_gpu.rank.main"]]
+    assert _layer("serverless_gpu.rank.main") < _layer("serverless_gpu.launcher_process.loop")
+    graph["serverless_gpu.launcher_process.loop"].add("serverless_gpu.rank.main")
+    assert _cycles(graph) == [["serverless_gpu.launcher_process.loop", "serverless_gpu.rank.main"]]
     assert (
-        "serverless_gpu.launcher.loop"
-        in _edges()["serverless_gpu.launcher"] | _edges()["serverless_gpu.launcher.__main__"]
+        "serverless_gpu.launcher_process.loop"
+        in _edges()["serverless_gpu.launcher_process"]
+        | _edges()["serverless_gpu.launcher_process.__main__"]
     )

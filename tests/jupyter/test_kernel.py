@@ -104,7 +104,8 @@ def test_load_ext_warms_up_the_launcher(make_kernel: KernelFactory, cpu_mode: Pa
         forked = [p for p in procs if p.ppid() != kernel.pid]
         return (
             len(launchers) == 1
-            # started as "python -m serverless_gpu.launcher", titled "serverless-gpu launcher"
+            # started as "python -m serverless_gpu.launcher_process",
+            # titled "serverless-gpu launcher"
             and re.search(r"serverless[_-]gpu[. ]launcher", " ".join(launchers[0].cmdline()))
             is not None
             and len(forked) == 2  # standby ranks, forked by the launcher

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from serverless_gpu.common.errors import RankFailure, signal_name, timeout_sentence
-from serverless_gpu.launcher.log import log, log_exception
-from serverless_gpu.launcher.rank_handle import RankProcess
-from serverless_gpu.launcher.rank_output import RankOutput
-from serverless_gpu.launcher.stop_ladder import StopLadder
-from serverless_gpu.launcher.stop_signals import request_stacks
+from serverless_gpu.launcher_process.log import log, log_exception
+from serverless_gpu.launcher_process.rank_handle import RankProcess
+from serverless_gpu.launcher_process.rank_output import RankOutput
+from serverless_gpu.launcher_process.stop_ladder import StopLadder
+from serverless_gpu.launcher_process.stop_signals import request_stacks
 from serverless_gpu.wire.channel import Undecodable
 from serverless_gpu.wire.events import (
     RankFinished,

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 import psutil
 
 from serverless_gpu.common.lifetime import reap_adopted
-from serverless_gpu.launcher.standby import Standby
-from serverless_gpu.launcher.supervisor import RunSupervisor
+from serverless_gpu.launcher_process.standby import Standby
+from serverless_gpu.launcher_process.supervisor import RunSupervisor
 
 
 def known_pids(runs: Iterable[RunSupervisor], standby: Standby) -> set[int]:

@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterable, Sequence
 
 from serverless_gpu.common.lifetime import kill_group
-from serverless_gpu.launcher.rank_handle import RankProcess
-from serverless_gpu.launcher.stop_signals import StackCapture, request_stop
+from serverless_gpu.launcher_process.rank_handle import RankProcess
+from serverless_gpu.launcher_process.stop_signals import StackCapture, request_stop
 from serverless_gpu.wire.events import RunStatus
 from serverless_gpu.wire.protocol import Release
 from serverless_gpu.wire.runspec import RunSpec

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from serverless_gpu.doctor import stacks
-from serverless_gpu.launcher.rank_handle import RankProcess
+from serverless_gpu.launcher_process.rank_handle import RankProcess
 from serverless_gpu.wire.runpaths import RunPaths
 from serverless_gpu.wire.runspec import CAPTURE_S
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from serverless_gpu.launcher.rank_handle import RankProcess
+from serverless_gpu.launcher_process.rank_handle import RankProcess
 from serverless_gpu.runfiles.rundirs import RUNS_DIR_ENV
 from serverless_gpu.wire.events import OutputLines
 from serverless_gpu.wire.runspec import RunSpec

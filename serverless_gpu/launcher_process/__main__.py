@@ -1,4 +1,4 @@
-"""``python -m serverless_gpu.launcher FD``: the launcher process the caller starts.
+"""``python -m serverless_gpu.launcher_process FD``: the launcher process the caller starts.
 
 FD is the launcher's end of a socketpair with its caller. :func:`main` ties the process's life
 to the caller's, preloads what every rank needs and serves the loop (``loop.py``) until the
@@ -15,7 +15,7 @@ import sys
 
 from serverless_gpu.common.lifetime import become_subreaper, die_with_parent
 from serverless_gpu.common.proctitle import set_title
-from serverless_gpu.launcher.loop import LauncherLoop
+from serverless_gpu.launcher_process.loop import LauncherLoop
 from serverless_gpu.wire.channel import Channel
 
 

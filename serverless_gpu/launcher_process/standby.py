@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from serverless_gpu.common.gpus import visible_device_ids
 from serverless_gpu.common.lifetime import kill_group
-from serverless_gpu.launcher.allocation import devices_of
-from serverless_gpu.launcher.log import log
-from serverless_gpu.launcher.rank_handle import RankProcess, fork_rank
+from serverless_gpu.launcher_process.allocation import devices_of
+from serverless_gpu.launcher_process.log import log
+from serverless_gpu.launcher_process.rank_handle import RankProcess, fork_rank
 from serverless_gpu.rank.warm_group import GroupPlan
 from serverless_gpu.wire.env import group_env, rank_env
 from serverless_gpu.wire.runspec import RunSpec

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from serverless_gpu.launcher.allocation import Allocator, devices_of
-from serverless_gpu.launcher.log import log_exception
-from serverless_gpu.launcher.rank_handle import RankProcess
-from serverless_gpu.launcher.standby import RankSet, Standby, fork_set
-from serverless_gpu.launcher.supervisor import RunSupervisor
+from serverless_gpu.launcher_process.allocation import Allocator, devices_of
+from serverless_gpu.launcher_process.log import log_exception
+from serverless_gpu.launcher_process.rank_handle import RankProcess
+from serverless_gpu.launcher_process.standby import RankSet, Standby, fork_set
+from serverless_gpu.launcher_process.supervisor import RunSupervisor
 from serverless_gpu.wire.env import free_port, group_env
 from serverless_gpu.wire.events import RunFinished, RunQueued, RunScheduled, RunStatus
 from serverless_gpu.wire.protocol import RunAccepted

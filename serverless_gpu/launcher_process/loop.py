@@ -23,12 +23,12 @@ import time
 from typing import Any
 
 from serverless_gpu.common.lifetime import terminate_groups
-from serverless_gpu.launcher import reaping
-from serverless_gpu.launcher.admission import Admission, StartFailed
-from serverless_gpu.launcher.allocation import Allocator
-from serverless_gpu.launcher.log import log, log_exception
-from serverless_gpu.launcher.standby import RankSet, Standby, fork_set
-from serverless_gpu.launcher.supervisor import RunSupervisor
+from serverless_gpu.launcher_process import reaping
+from serverless_gpu.launcher_process.admission import Admission, StartFailed
+from serverless_gpu.launcher_process.allocation import Allocator
+from serverless_gpu.launcher_process.log import log, log_exception
+from serverless_gpu.launcher_process.standby import RankSet, Standby, fork_set
+from serverless_gpu.launcher_process.supervisor import RunSupervisor
 from serverless_gpu.wire.channel import Channel, Undecodable
 from serverless_gpu.wire.events import RunFinished
 from serverless_gpu.wire.protocol import (
