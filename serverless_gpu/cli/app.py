@@ -17,6 +17,7 @@ import yaml
 
 from serverless_gpu.api.scripts import ScriptTarget
 from serverless_gpu.cli.jobfile import DEFAULT_TIMEOUT_S, JobSpec, load_job
+from serverless_gpu.cli.overrides import variadic_overrides
 from serverless_gpu.common.errors import ConfigurationError, DistributedError
 from serverless_gpu.wire.config import OUTPUT_CHOICES
 
@@ -50,7 +51,20 @@ def _timeout(value: str | None) -> float | None:
     return seconds
 
 
-@main.command(context_settings=_RUN_SETTINGS)
+class _RunCommand(click.Command):
+    """``run``, taking several values after one ``--override`` as air does."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        takes_value = {
+            opt
+            for p in self.params
+            if isinstance(p, click.Option) and not p.is_flag
+            for opt in p.opts
+        }
+        return super().parse_args(ctx, variadic_overrides(args, takes_value))
+
+
+@main.command(cls=_RunCommand, context_settings=_RUN_SETTINGS)
 @click.option("-f", "--file", "job_file", type=click.Path(dir_okay=False), help="A YAML job file.")
 @click.option("-m", "as_module", is_flag=True, help="Run the first argument as a module.")
 @click.option("--gpus", type=click.IntRange(min=1), help="Ranks (default: every GPU, CPU: 2).")
@@ -77,7 +91,14 @@ def _timeout(value: str | None) -> float | None:
     "overrides",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Set a job file's key (dotted: compute.num_accelerators=2; repeatable).",
+    help="Set a job file's keys (dotted: compute.num_accelerators=2 max_retries=0).",
+)
+@click.option(
+    "--watch", is_flag=True, help="Follow the run until it ends (the default without --detach)."
+)
+@click.option(
+    "--idempotency-key",
+    help="Accepted for air's command line; ignored here (nothing is submitted twice).",
 )
 @click.option("--dry-run", is_flag=True, help="Print the job as it would run; run nothing.")
 @click.option("--announce-fd", type=int, hidden=True)
@@ -99,6 +120,10 @@ def run(**params: Any) -> None:
         # never named so, and the options after the file are this command's, not a script's.
         with run.make_context(ctx.info_name, ["-f", *command], parent=ctx.parent) as again:
             run.invoke(again)
+    if params["watch"] and params["detach"]:
+        raise BadRun("--watch follows the run and --detach returns at once: give one of them")
+    if params["idempotency_key"]:
+        _say_ignored("--idempotency-key", "nothing is submitted to a service here")
     try:
         if params["job_file"] and params["job_fd"] is None:
             _run_file(ctx, params)
@@ -140,6 +165,10 @@ def _run_file(ctx: click.Context, params: dict[str, Any]) -> None:
         say_ignored(job)
         ctx.exit(_print(effective(job, job_dir)))
     ctx.exit(run_air_job(job, job_dir))
+
+
+def _say_ignored(option: str, why: str) -> None:
+    click.echo(f"serverless-gpu: {option} is ignored here: {why}", err=True)
 
 
 def _on_line(ctx: click.Context, option: str) -> bool:
