@@ -128,6 +128,10 @@ def run(**params: Any) -> None:
         if params["job_file"] and params["job_fd"] is None:
             _run_file(ctx, params)
         job = read_job(params["job_fd"]) if params["job_fd"] is not None else _job(ctx, params)
+        if not isinstance(job, JobSpec):  # air's format, in the process --detach started
+            from serverless_gpu.cli.airdetach import run_recorded
+
+            ctx.exit(run_recorded(job, params["announce_fd"]))
         if params["dry_run"]:
             ctx.exit(_print(yaml.safe_dump(job.model_dump(exclude_defaults=True), sort_keys=False)))
         if params["detach"]:
@@ -153,7 +157,7 @@ def _run_file(ctx: click.Context, params: dict[str, Any]) -> None:
     job = load_job(params["job_file"], params["overrides"])
     if not isinstance(job, AirJob):
         return
-    options = (*_OVERRIDES, "timeout", "env", "detach")
+    options = (*_OVERRIDES, "timeout", "env")
     given = [f"--{option.replace('_', '-')}" for option in options if _on_line(ctx, option)]
     if given:
         raise ConfigurationError(
@@ -164,6 +168,11 @@ def _run_file(ctx: click.Context, params: dict[str, Any]) -> None:
     if params["dry_run"]:
         say_ignored(job)
         ctx.exit(_print(effective(job, job_dir)))
+    if params["detach"]:  # followed with `serverless-gpu runs`, as a detached run of ours
+        from serverless_gpu.cli.airdetach import placed
+        from serverless_gpu.cli.launch import detach
+
+        ctx.exit(detach(placed(job, job_dir)))
     ctx.exit(run_air_job(job, job_dir))
 
 
