@@ -21,7 +21,16 @@ def trial_arguments(item: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (item,), {}
 
 
-_BOUNDED = reprlib.Repr()
+class _Bounded(reprlib.Repr):
+    """``reprlib``'s bounded ``repr``, which still writes out bytes whole before cutting."""
+
+    def repr_bytes(self, obj: bytes, level: int) -> str:
+        return f"<{len(obj)} bytes>"
+
+    repr_bytearray = repr_bytes
+
+
+_BOUNDED = _Bounded()
 _BOUNDED.maxstring = _BOUNDED.maxother = _BOUNDED.maxlong = _PARAM_CHARS
 _BOUNDED.maxlist = _BOUNDED.maxtuple = _BOUNDED.maxdict = _BOUNDED.maxset = 20
 

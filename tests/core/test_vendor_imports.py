@@ -159,3 +159,14 @@ def test_an_unknown_type_in_the_decorator_is_a_gpu_type_error() -> None:
     with pytest.raises(GPUTypeError):
         distributed(gpus=1, gpu_type="tpu")(print).distributed()
     assert issubclass(GPUTypeError, ConfigurationError) and issubclass(GPUTypeError, ValueError)
+
+
+def test_recorded_arguments_are_bounded() -> None:
+    """A large argument costs a few dozen items' worth of text in ``params``, not its size."""
+    from serverless_gpu.api.trials import call_params
+
+    def fit(data: bytes, sizes: list[int], lr: float = 0.1) -> None: ...
+
+    params = call_params((b"x" * 10**6, list(range(10**5))), {"lr": 0.5}, fit)
+    assert params["data"] == "<1000000 bytes>" and params["lr"] == "0.5"
+    assert params["sizes"].endswith(", ...]") and len(params["sizes"]) < 200
