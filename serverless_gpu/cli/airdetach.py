@@ -43,13 +43,13 @@ def placed(job: AirJob, job_dir: Path) -> AirJob:
 def run_recorded(job: AirJob, announce_fd: int) -> int:
     """Run the job with a run directory of its own (its id announced on ``announce_fd``, the
     process's output moved to its log); the exit status, as :func:`run_air_job`'s."""
+    ranks = job.compute.ranks()  # a request this machine cannot run leaves no run behind
     name = job.mlflow_run_name or job.experiment_name or "air-job"
     run_id, run_dir, results = new_run_dir(name)
     if results is not None:
         shutil.rmtree(results, ignore_errors=True)  # the command's ranks return no values here
     paths = RunPaths(run_dir)
     paths.logs.mkdir(exist_ok=True)
-    ranks = job.compute.ranks()
     me = psutil.Process()
     update_record(run_dir, _started(job, run_id, name, ranks, me))
     _announce(announce_fd, run_id, paths.log(0))
