@@ -6,7 +6,6 @@ import enum
 import errno
 import functools
 import importlib.util
-import inspect
 import os
 import sys
 import threading
@@ -16,7 +15,8 @@ from pathlib import Path
 from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
 from serverless_gpu import tracking as _tracking  # noqa: F401 - registers the MLflow run hook (lazy mlflow)
-from serverless_gpu.api.trials import trial_arguments, trial_params
+from serverless_gpu.api.functions import check_function, gpus_per_node
+from serverless_gpu.api.trials import call_params, trial_arguments
 from serverless_gpu.backends.base import Backend
 from serverless_gpu.backends.local import default_backend
 from serverless_gpu.caller.console import ConsolePrinter
@@ -55,24 +55,6 @@ R = TypeVar("R")
 _INTERRUPT_WAIT_S = 10.0
 
 
-def _check_function(func: object) -> None:
-    """What ``.distributed`` can run: a plain callable whose return value is the result."""
-    if not callable(func):
-        raise UsageError(f"@distributed needs a function (a callable), not {func!r}")
-    target = inspect.unwrap(func) if inspect.isfunction(func) else func
-    if inspect.isasyncgenfunction(target) or inspect.iscoroutinefunction(target):
-        raise UsageError(
-            f"{getattr(func, '__qualname__', func)!r} is an async function: each rank calls the "
-            "function and returns its value, and nothing would run a coroutine there; wrap it "
-            "in a plain function that calls asyncio.run(...)"
-        )
-    if inspect.isgeneratorfunction(target):
-        raise UsageError(
-            f"{getattr(func, '__qualname__', func)!r} is a generator function: a generator "
-            "cannot be sent back from a rank; return a list instead (e.g. list(gen()))"
-        )
-
-
 class _Unset(enum.Enum):
     """An argument not given (where ``None`` means something: ``timeout=None``, no limit)."""
 
@@ -88,7 +70,7 @@ class DistributedFunction(Generic[P, R]):
     def __init__(
         self, func: Callable[P, R], config: DistributedConfig, backend: Backend | None = None
     ) -> None:
-        _check_function(func)
+        check_function(func)
         self.func = func
         self.config = config
         self._backend = backend
@@ -112,6 +94,11 @@ class DistributedFunction(Generic[P, R]):
 
     num_accelerators = gpus
     """The original API's name of :attr:`gpus`."""
+
+    @property
+    def gpus_per_node(self) -> int | None:
+        """GPUs of one node: see :func:`~serverless_gpu.api.functions.gpus_per_node`."""
+        return gpus_per_node(self.config)
 
     @property
     def gpu_type(self) -> str | GPUType | None:
@@ -330,8 +317,9 @@ class DistributedFunction(Generic[P, R]):
         paths = RunPaths(run_dir, results_dir)
         ctx = RunContext(RunSpec(run_id, name, placement, paths, cfg), call=call)
         ctx.env[settings.ATTEMPT.name] = str(call.attempt)
+        ctx.metadata["call_params"] = params = call_params(args, kwargs, self.func)
         if trial is not None:
-            ctx.metadata.update(trial=trial, params=trial_params(args, kwargs, self.func))
+            ctx.metadata.update(trial=trial, params=params)
         if prepare is not None:
             prepare(ctx)
         subscribers = run_hooks(ctx)

@@ -33,7 +33,9 @@ def launch_gpus() -> int:
 
 
 class RayLaunchFunction(Generic[P, R]):
-    """A function decorated with ``@ray_launch``: ``.distributed(*args)`` returns its value."""
+    """A function decorated with ``@ray_launch``: ``.distributed(*args)`` returns one entry per
+    rank, as the original's (``gpus`` ranks, at least one): the function's value first, where
+    the original's rank 0 runs it as the driver, and ``None`` for the others."""
 
     def __init__(self, func: Callable[P, R], gpus: int, gpu_type: str | None, **options: Any):
         self.func = func
@@ -45,15 +47,18 @@ class RayLaunchFunction(Generic[P, R]):
         )
         functools.update_wrapper(self, func)  # type: ignore[arg-type]
 
-    def distributed(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        """The function's value, run on the connected Ray cluster; without one, on a Ray
-        cluster of this machine started for the call (the original's local mode)."""
+    def distributed(self, *args: P.args, **kwargs: P.kwargs) -> list[R | None]:
+        """``[value, None, ...]``, one entry per rank: the function run on the connected Ray
+        cluster; without one, on a Ray cluster of this machine started for the call (the
+        original's local mode). In CPU mode (``gpu_type="cpu"`` or ``SERVERLESS_GPU_TYPE=cpu``)
+        the count is of CPU ranks, as for ``@distributed``: no GPU is asked of the cluster."""
         __tracebackhide__ = True
         from serverless_gpu.backends.ray.connect import local_cluster
 
         with local_cluster(cpu_only=cpu_mode_requested(self.gpu_type)):
             self._check_cluster()
-            return self._inner.distributed(*args, **kwargs)[0]
+            value: R | None = self._inner.distributed(*args, **kwargs)[0]
+        return [value, *[None] * (max(self.gpus, 1) - 1)]
 
     def start(self, *args: P.args, **kwargs: P.kwargs) -> Any:
         """The run's handle (its result is a one-element list), on the connected cluster:
@@ -65,8 +70,8 @@ class RayLaunchFunction(Generic[P, R]):
         from serverless_gpu.backends.ray.connect import connect
 
         ray = connect()
-        if self.gpus == 0:
-            return
+        if self.gpus == 0 or cpu_mode_requested(self.gpu_type):
+            return  # CPU mode: the count is of CPU ranks, as @distributed's
         total = ray.cluster_resources()
         have = total.get("GPU", 0)
         if self.gpu_type is not None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from serverless_gpu.caller import finisher
+from serverless_gpu.caller import call_fields, finisher
 from serverless_gpu.caller.hangs import HangWatch
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.caller.results import (
@@ -74,7 +74,7 @@ def register_reattach(reattach: Callable[[str], RunHandle[Any]]) -> None:
     _reattach = reattach
 
 
-class RunHandle(Generic[R]):
+class RunHandle(call_fields.CallFields, Generic[R]):
     """A run started with ``fn.start(...)``: it goes on while the caller does other things.
 
     * ``result(timeout=None)``: the ranks' return values (a :class:`RunResult`), or the
@@ -89,8 +89,8 @@ class RunHandle(Generic[R]):
       ``succeeded``, ``failed``, ``timed_out``, ``cancelled``.
     * ``devices``: the devices it was allocated (GPU entries or CPU slots), once it starts.
     * ``run_dir``, ``links`` (``links["mlflow"]`` when tracked), ``logs(rank)``.
-    * ``workload_metadata``, ``cleanup()``, ``RunHandle.from_run_id(run_id)`` (also spelled
-      ``DistributedFunctionCall``): the original API's names (``caller/``).
+    * the original's names: ``workload_metadata``, ``func_name``, ``gpus``, ``instance``,
+      ``params``, ``exception``, ``start_time``, ``cleanup()``, ``from_run_id(run_id)``.
 
     Events are dispatched to subscribers by whichever thread waits on (or polls) the handle;
     those of a run that ends while no thread waits in ``result()``, by a background thread.

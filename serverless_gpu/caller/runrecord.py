@@ -51,7 +51,8 @@ def record_hook(ctx: RunContext) -> RunRecorder:
         "message": "",
         "caller": {"pid": me.pid, "create_time": me.create_time()},
         "links": dict(ctx.links),
-        "params": dict(ctx.metadata.get("params", {})),
+        # A sweep trial's params, else the call's arguments (the original records them).
+        "params": dict(ctx.metadata.get("params") or ctx.metadata.get("call_params") or {}),
         "mlflow": {
             key[len("mlflow_") :]: value
             for key, value in ctx.metadata.items()

@@ -49,7 +49,10 @@ class WorkloadStatus(enum.Enum):
         return self is other
 
     def __hash__(self) -> int:
-        return hash(self._name_)
+        # As the RunStatus it equals hashes, so that `h.status in {WorkloadStatus.COMPLETED}`
+        # (a plain set) finds it; a name no RunStatus has hashes by its own name.
+        ours = [status for status, name in _NAMES.items() if name is self]
+        return hash(ours[0]) if ours else hash(self._name_)
 
 
 def _starting() -> RunStatus:

@@ -38,7 +38,8 @@ class WorkloadMetadata:
     view_logs_link: str
     """The folder of the ranks' logs (one file per rank, named by ``RunPaths.log``)."""
     params: dict[str, Any] = field(default_factory=dict)
-    """The run's parameters: a ``map`` or ``sweep`` item's arguments; empty for ``start``."""
+    """The call's arguments by parameter name, as short strings (a ``map`` or ``sweep``
+    item's arguments for a trial)."""
     system_metrics_link: str | None = None
     """The MLflow run, whose system metrics are logged with it, when tracked."""
     mlflow_run_id: str | None = None

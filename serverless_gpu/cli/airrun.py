@@ -153,8 +153,9 @@ def _term_as_interrupt() -> Iterator[None]:
 
 
 class _MlflowRun:
-    """The attempt's MLflow run (air: each retry is a new run), named ``mlflow_run_name``; the
-    command gets its id as ``MLFLOW_RUN_ID``. None without MLflow installed."""
+    """The attempt's MLflow run (air: each retry is a new run), named ``mlflow_run_name``, else
+    after its experiment as air names it; the command gets its id as ``MLFLOW_RUN_ID``. None
+    without MLflow installed."""
 
     def __init__(self, client: Any = None, run_id: str = "") -> None:
         self.client, self.run_id = client, run_id
@@ -176,7 +177,9 @@ class _MlflowRun:
         name = env.get("MLFLOW_EXPERIMENT_NAME") or "Default"
         experiment = client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
-        run = client.create_run(experiment_id, run_name=job.mlflow_run_name)
+        # air names a run without mlflow_run_name after its experiment
+        run_name = job.mlflow_run_name or job.experiment_name or env.get("MLFLOW_EXPERIMENT_NAME")
+        run = client.create_run(experiment_id, run_name=run_name)
         _say(f"MLflow run {run.info.run_id} in experiment {name!r}")
         return cls(client, run.info.run_id)
 

@@ -17,6 +17,7 @@ import yaml
 
 from serverless_gpu.api.scripts import ScriptTarget
 from serverless_gpu.cli.jobfile import DEFAULT_TIMEOUT_S, JobSpec, load_job
+from serverless_gpu.cli.overrides import variadic_overrides
 from serverless_gpu.common.errors import ConfigurationError, DistributedError
 from serverless_gpu.wire.config import OUTPUT_CHOICES
 
@@ -50,7 +51,20 @@ def _timeout(value: str | None) -> float | None:
     return seconds
 
 
-@main.command(context_settings=_RUN_SETTINGS)
+class _RunCommand(click.Command):
+    """``run``, taking several values after one ``--override`` as air does."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        takes_value = {
+            opt
+            for p in self.params
+            if isinstance(p, click.Option) and not p.is_flag
+            for opt in p.opts
+        }
+        return super().parse_args(ctx, variadic_overrides(args, takes_value))
+
+
+@main.command(cls=_RunCommand, context_settings=_RUN_SETTINGS)
 @click.option("-f", "--file", "job_file", type=click.Path(dir_okay=False), help="A YAML job file.")
 @click.option("-m", "as_module", is_flag=True, help="Run the first argument as a module.")
 @click.option("--gpus", type=click.IntRange(min=1), help="Ranks (default: every GPU, CPU: 2).")
@@ -77,7 +91,14 @@ def _timeout(value: str | None) -> float | None:
     "overrides",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Set a job file's key (dotted: compute.num_accelerators=2; repeatable).",
+    help="Set a job file's keys (dotted: compute.num_accelerators=2 max_retries=0).",
+)
+@click.option(
+    "--watch", is_flag=True, help="Follow the run until it ends (the default without --detach)."
+)
+@click.option(
+    "--idempotency-key",
+    help="Accepted for air's command line; ignored here (nothing is submitted twice).",
 )
 @click.option("--dry-run", is_flag=True, help="Print the job as it would run; run nothing.")
 @click.option("--announce-fd", type=int, hidden=True)
@@ -99,10 +120,18 @@ def run(**params: Any) -> None:
         # never named so, and the options after the file are this command's, not a script's.
         with run.make_context(ctx.info_name, ["-f", *command], parent=ctx.parent) as again:
             run.invoke(again)
+    if params["watch"] and params["detach"]:
+        raise BadRun("--watch follows the run and --detach returns at once: give one of them")
+    if params["idempotency_key"]:
+        _say_ignored("--idempotency-key", "nothing is submitted to a service here")
     try:
         if params["job_file"] and params["job_fd"] is None:
             _run_file(ctx, params)
         job = read_job(params["job_fd"]) if params["job_fd"] is not None else _job(ctx, params)
+        if not isinstance(job, JobSpec):  # air's format, in the process --detach started
+            from serverless_gpu.cli.airdetach import run_recorded
+
+            ctx.exit(run_recorded(job, params["announce_fd"]))
         if params["dry_run"]:
             ctx.exit(_print(yaml.safe_dump(job.model_dump(exclude_defaults=True), sort_keys=False)))
         if params["detach"]:
@@ -128,7 +157,7 @@ def _run_file(ctx: click.Context, params: dict[str, Any]) -> None:
     job = load_job(params["job_file"], params["overrides"])
     if not isinstance(job, AirJob):
         return
-    options = (*_OVERRIDES, "timeout", "env", "detach")
+    options = (*_OVERRIDES, "timeout", "env")
     given = [f"--{option.replace('_', '-')}" for option in options if _on_line(ctx, option)]
     if given:
         raise ConfigurationError(
@@ -139,7 +168,16 @@ def _run_file(ctx: click.Context, params: dict[str, Any]) -> None:
     if params["dry_run"]:
         say_ignored(job)
         ctx.exit(_print(effective(job, job_dir)))
+    if params["detach"]:  # followed with `serverless-gpu runs`, as a detached run of ours
+        from serverless_gpu.cli.airdetach import placed
+        from serverless_gpu.cli.launch import detach
+
+        ctx.exit(detach(placed(job, job_dir)))
     ctx.exit(run_air_job(job, job_dir))
+
+
+def _say_ignored(option: str, why: str) -> None:
+    click.echo(f"serverless-gpu: {option} is ignored here: {why}", err=True)
 
 
 def _on_line(ctx: click.Context, option: str) -> bool:

@@ -38,6 +38,7 @@ from pydantic import (
 
 from serverless_gpu.api.scripts import ScriptTarget
 from serverless_gpu.cli.jobtypes import DEFAULT_TIMEOUT_S, EnvName, EnvValue, Text
+from serverless_gpu.cli.overrides import air_overrides
 from serverless_gpu.common.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -109,7 +110,10 @@ def load_job(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec | AirJo
 
     path = Path(path)
     node, data = _parse(path)
-    data = apply_overrides(_with_bases(path, data, frozenset()), overrides)
+    data = _with_bases(path, data, frozenset())
+    if is_air_format(data):  # air types a value as the one it replaces
+        overrides = air_overrides(data, overrides)
+    data = apply_overrides(data, overrides)
     air = is_air_format(data)
     model: type[BaseModel] = AirJob if air else JobSpec
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import select
 import signal
@@ -25,6 +26,7 @@ from serverless_gpu.api.scripts import script_function
 from serverless_gpu.caller.console import ConsolePrinter
 from serverless_gpu.caller.hooks import RunContext, register_hook, unregister_hook
 from serverless_gpu.caller.runrecord import read_record, update_record
+from serverless_gpu.cli.airjob import AirJob, is_air_format
 from serverless_gpu.cli.jobfile import JobSpec
 from serverless_gpu.common.errors import CancelledError, ConfigurationError, DistributedTimeoutError
 from serverless_gpu.common.vocabulary import CLI, speaking
@@ -178,7 +180,7 @@ def _announce(fd: int, run_id: str) -> None:
     os.close(devnull)
 
 
-def detach(job: JobSpec) -> int:
+def detach(job: JobSpec | AirJob) -> int:
     """Start the job in a process of its own session and return once it has started."""
     with tempfile.TemporaryFile() as early_output:
         child, read_end = _start_detached(job, early_output)
@@ -208,7 +210,9 @@ def detach(job: JobSpec) -> int:
         return child.returncode or EXIT_FAILED
 
 
-def _start_detached(job: JobSpec, early_output: IO[bytes]) -> tuple[subprocess.Popen[bytes], int]:
+def _start_detached(
+    job: JobSpec | AirJob, early_output: IO[bytes]
+) -> tuple[subprocess.Popen[bytes], int]:
     """The detached child, and the pipe on which it announces its run. The job (its ``env``
     may hold tokens) goes through a pipe too: a command line is every local user's to read."""
     job_fd = _job_pipe(job)
@@ -234,7 +238,7 @@ def _start_detached(job: JobSpec, early_output: IO[bytes]) -> tuple[subprocess.P
     return child, read_end
 
 
-def _job_pipe(job: JobSpec) -> int:
+def _job_pipe(job: JobSpec | AirJob) -> int:
     """The read end of a pipe that holds the job's JSON, whole, its write end closed: the
     child reads it to the end at once, and nobody ever waits on a full pipe."""
     data = job.model_dump_json().encode()
@@ -257,10 +261,12 @@ def _job_pipe(job: JobSpec) -> int:
     return read_end
 
 
-def read_job(fd: int) -> JobSpec:
-    """The job a detaching parent put in the pipe ``fd`` (see :func:`_job_pipe`)."""
+def read_job(fd: int) -> JobSpec | AirJob:
+    """The job a detaching parent put in the pipe ``fd`` (see :func:`_job_pipe`), of either
+    format (air's has a ``compute`` block)."""
     with os.fdopen(fd, "rb") as pipe:
-        return JobSpec.model_validate_json(pipe.read())
+        data = json.loads(pipe.read())
+    return AirJob.model_validate(data) if is_air_format(data) else JobSpec.model_validate(data)
 
 
 def _read_announcement(fd: int) -> str:

@@ -53,6 +53,24 @@ class GPUType(str, enum.Enum):
         )
 
     @classmethod
+    def values(cls) -> list[str]:
+        """Every member's value: ``["H100", "H200", ...]``."""
+        return [member.value for member in cls]
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """Every member's name in lower case: ``["h100", "h200", ...]``."""
+        return [member.name.lower() for member in cls]
+
+    @classmethod
+    def _missing_(cls, value: object) -> GPUType:
+        # GPUType("a10g"), GPUType("h100_80gb"): the constructor takes what parse() takes, and
+        # an unknown name raises GPUConfigError (the original's GPUTypeError, a ValueError).
+        if not isinstance(value, str):
+            raise GPUConfigError(f"a {option_name('gpu_type')} is a string, not {value!r}")
+        return cls.parse(value)
+
+    @classmethod
     def from_device_name(cls, name: str) -> GPUType | None:
         """Map a driver device name (``"NVIDIA H100 80GB HBM3"``) to a member, if known."""
         upper = name.upper()

@@ -41,8 +41,10 @@ class CacheFullError(VolumeError):
     """The local cache cannot make room for a file without crossing ``min_free_bytes``."""
 
 
-class PositionUnknownError(VolumeError):
-    """``state_dict()`` was asked for a position that no ``VolumeDataLoader`` tracked."""
+class PositionUnknownError(VolumeError, ValueError):
+    """``state_dict()`` was asked for a position that no ``VolumeDataLoader`` tracked, or
+    ``load_state_dict()`` was given one that does not fit (another rank's): a ``ValueError``,
+    as the original's contract for a mismatched state says."""
 
 
 class IncompleteCheckpointError(VolumeError):

@@ -47,6 +47,24 @@ class AcceleratorType(str, enum.Enum):
         return GPUType.parse(_SIZED.fullmatch(self.value)[2])  # type: ignore[index]
 
     @classmethod
+    def values(cls) -> list[str]:
+        """Every shape's name: ``["GPU_1xA10", "GPU_1xH100", "GPU_8xH100", "GPU_8xB300"]``."""
+        return [member.value for member in cls]
+
+    @classmethod
+    def from_gpu_type(cls, gpu_type: GPUType | str, num_accelerators: int) -> AcceleratorType:
+        """The shape a run of ``num_accelerators`` GPUs of a family gets: the family's one-GPU
+        shape for one GPU when there is one, else its largest; a family without a shape here
+        raises :class:`GPUConfigError` (the original's ``GPUTypeError``)."""
+        family = GPUType.parse(gpu_type)
+        shapes = sorted((m for m in cls if m.gpu_type is family), key=lambda m: m.gpus_per_node)
+        if not shapes:
+            raise GPUConfigError(
+                f"no accelerator type has {family.value} GPUs; known: {', '.join(cls.values())}"
+            )
+        return shapes[0] if num_accelerators == 1 else shapes[-1]
+
+    @classmethod
     def _missing_(cls, value: object) -> AcceleratorType:
         for member in cls:
             if isinstance(value, str) and member.value.lower() == value.strip().lower():
@@ -56,6 +74,12 @@ class AcceleratorType(str, enum.Enum):
             f"unknown accelerator type {value!r}; expected one of {known} (any case), or "
             f"'GPU_<n>x<family>' with a family of GPUType"
         )
+
+
+def get_gpus_per_node(gpu_type: GPUType | str, gpus: int | None = None) -> int:
+    """GPUs on one node of the shape a run of ``gpus`` GPUs of this family gets
+    (:meth:`AcceleratorType.from_gpu_type`): ``(H100, 1)`` -> 1, ``(H100, 8)`` -> 8."""
+    return AcceleratorType.from_gpu_type(gpu_type, gpus or 0).gpus_per_node
 
 
 def parse_accelerator_type(value: object) -> tuple[int | None, str]:

@@ -38,6 +38,12 @@ class RunStatus(str, enum.Enum):
     def finished(self) -> bool:
         return self not in (RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING)
 
+    def __hash__(self) -> int:
+        # Equal statuses hash alike, also across the original API's names (caller/statuses.py):
+        # a timeout compares equal to its FAILED as a failure does, so it hashes as "failed"
+        # and `h.status in {RunStatus.COMPLETED, RunStatus.FAILED, ...}` finds it.
+        return hash(RunStatus.FAILED.value if self is RunStatus.TIMED_OUT else self.value)
+
     @classmethod
     def _missing_(cls, value: object) -> RunStatus | None:
         # Records written before the status was named for what it shows said "pending".

@@ -31,6 +31,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "serverless_gpu.runtime",
         "serverless_gpu.exceptions",
         "serverless_gpu.compat",
+        "serverless_gpu.asynchronous",
+        "serverless_gpu.compute",
+        "serverless_gpu.launcher",
+        "serverless_gpu.ray",
     ),
     ("serverless_gpu.cli", "serverless_gpu.examples"),
 )

@@ -5,6 +5,7 @@ one JSON line: what the calls returned or raised, and the processes left after e
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -42,9 +43,14 @@ report["left_after_call"] = left_behind()
 too_many = ray_launch(num_accelerators=2, accelerator_type="GPU_8xH100", tracking=False)(
     ray_fns.tasks_on_every_node
 )
+cpu_mode = os.environ.pop("SERVERLESS_GPU_TYPE")  # CPU mode asks no GPU of the cluster
 try:
     too_many.distributed(1)
 except ConfigurationError as exc:
     report["refused"] = str(exc)
+os.environ["SERVERLESS_GPU_TYPE"] = cpu_mode
 report["left_after_refusal"] = left_behind()
+# CPU mode: the count is of CPU ranks, on a cluster of this machine started without GPUs.
+cpu = ray_launch(num_accelerators=2, gpu_type="cpu", tracking=False)(ray_fns.tasks_on_every_node)
+report["cpu_mode"] = [None if v is None else v["gpus"] for v in cpu.distributed(1)]
 print(json.dumps(report), flush=True)

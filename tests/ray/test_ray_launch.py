@@ -17,7 +17,22 @@ def test_ray_native_code_runs_as_a_driver_on_the_cluster() -> None:
 
     out = fn.distributed(6)
 
-    assert out == {"nodes": 2, "gpus": 0, "cpu_mode": False}
+    assert out == [{"nodes": 2, "gpus": 0, "cpu_mode": False}]
+
+
+def test_one_entry_per_rank_and_cpu_mode_as_distributed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The original's usage: ``@ray_launch(num_accelerators=2)``; ``.distributed()`` gives one
+    entry per rank (the driver's value first). In CPU mode the count is of CPU ranks, as
+    ``@distributed(num_accelerators=2)`` runs 2 CPU ranks there, and no GPU is asked for."""
+    monkeypatch.setenv("SERVERLESS_GPU_TYPE", "cpu")
+    fn = ray_launch(num_accelerators=2, timeout=120)(ray_fns.tasks_on_every_node)
+
+    out = fn.distributed(2)
+
+    assert len(out) == 2 and out[1] is None
+    assert out[0] is not None and out[0]["gpus"] == 2
+    cpu = ray_launch(gpus=2, gpu_type="cpu", timeout=120)(ray_fns.tasks_on_every_node)
+    assert [entry is None for entry in cpu.distributed(1)] == [False, True]
 
 
 def test_more_gpus_than_the_cluster_has_fails_before_starting() -> None:

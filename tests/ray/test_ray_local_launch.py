@@ -37,8 +37,9 @@ def test_a_call_without_a_cluster_runs_on_a_local_one_that_it_stops(tmp_path: Pa
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["value"] == {"nodes": 1, "gpus": 0, "cpu_mode": False}
+    assert report["value"] == [{"nodes": 1, "gpus": 0, "cpu_mode": False}]
     assert report["connected_after"] is False
     assert report["left_after_call"] == []
     assert "needs 2 H100 GPUs on the Ray cluster, and it has 0" in report["refused"]
     assert report["left_after_refusal"] == []
+    assert report["cpu_mode"] == [2, None]  # one entry per rank; refused before CPU mode was
