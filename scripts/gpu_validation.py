@@ -160,9 +160,11 @@ def run_checks(gpus: int, gpu_type: str | None) -> None:
     ddp = distributed(gpus=gpus, gpu_type=gpu_type, tracking=False)(train)
     out, took = timed(lambda: ddp.distributed(2, 64))
     losses = [[round(v, 4) for v in r["epoch_losses"]] for r in out]
+    # Each rank's loss is over its own shard: with 16 ranks one shard's loss may rise for an
+    # epoch while the model (the same on every rank) improves, so the mean over ranks decides.
     check(
         "DDP SimpleMLP",
-        all(r[-1] < r[0] for r in losses),
+        sum(r[-1] for r in losses) < sum(r[0] for r in losses),
         f"epoch losses per rank {losses} ({took:.2f} s)",
     )
 

@@ -124,8 +124,9 @@ def with_devices(spec: RunSpec, devices: tuple[str, ...]) -> RunSpec:
     """The spec with its allocation in the ranks' environment."""
     env = dict(spec.env)
     env[settings.DEVICES.name] = ",".join(devices)
-    if spec.device == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    # CPU ranks see no GPU: libraries that take CUDA when it is there (FSDP2's default mesh
+    # binds cuda:RANK) would otherwise reach for GPUs a CPU run was never given.
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(devices) if spec.device == "cuda" else ""
     return dataclasses.replace(spec, env=env)
 
 

@@ -115,6 +115,19 @@ def test_user_omp_num_threads_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     assert threads.distributed() == ["7", "7"]
 
 
+def test_cpu_ranks_see_no_gpu() -> None:
+    """CPU mode on a machine with GPUs: libraries that pick CUDA when it is there (FSDP2's
+    default mesh) must not, or rank N asks for a GPU ordinal the machine does not have."""
+
+    @distributed(gpus=2)
+    def visible() -> tuple[str | None, int]:
+        import torch
+
+        return os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count()
+
+    assert visible.distributed() == [("", 0), ("", 0)]
+
+
 def test_concurrent_calls_get_different_ports() -> None:
     @distributed(gpus=2)
     def port() -> str:
