@@ -28,7 +28,7 @@ import io
 import os
 import sys
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, cast
@@ -238,10 +238,13 @@ def place(
     planner: LoadPlanner,
     staging: Staging,
     direct: DirectFile | None = None,
+    seen: Seen | None = None,
 ) -> None:
     """Read ``found``'s bytes into the planner's tensor for ``item`` and commit it (through
     ``direct``, when given, into a host tensor of ``DirectFile.MIN_BYTES`` or more: see
-    :meth:`DirectFile.suits`)."""
+    :meth:`DirectFile.suits`); ``seen(offset, bytes)`` is shown every byte read, in order
+    (the shard's checksum, summed as the load goes)."""
+    seen = seen if seen is not None else _unseen
     target = planner.resolve_tensor(item).detach()
     layout = found.layout
     if target.size() != layout.size():
@@ -256,24 +259,47 @@ def place(
         chunks = _buffered_chunks(
             stream, nbytes, staging.buffer(into.is_cuda), layout.element_size()
         )
-        _copy_into(flat, (chunk.view(layout.dtype) for chunk in chunks))
+        _copy_into(flat, (c.view(layout.dtype) for c in _shown(chunks, found.start, seen)))
     elif direct and into.device.type == "cpu" and nbytes >= DirectFile.MIN_BYTES:
         try:
-            _copy_into(flat.view(torch.uint8), direct.chunks(found.start, nbytes, staging.ring()))
+            chunks = direct.chunks(found.start, nbytes, staging.ring())
+            _copy_into(flat.view(torch.uint8), _shown(chunks, found.start, seen))
         except OSError:  # a file system that opens files for direct I/O but refuses the reads
             direct.refused = True
             stream.seek(found.start)
             _fill(stream, flat.view(torch.uint8))
+            seen(found.start, _bytes_of(flat))
     elif into.device.type == "cpu":
         stream.seek(found.start)
         _fill(stream, flat.view(torch.uint8))
+        seen(found.start, _bytes_of(flat))
     else:  # another device: through the pinned buffer
         stream.seek(found.start)
         chunks = _buffered_chunks(stream, nbytes, staging.buffer(into.is_cuda), 1)
-        _copy_into(flat.view(torch.uint8), chunks)
+        _copy_into(flat.view(torch.uint8), _shown(chunks, found.start, seen))
     if into is not target:  # a strided destination: the whole part, then one copy
         target.copy_(into)
     planner.commit_tensor(item, target)
+
+
+Seen = Callable[[int, memoryview], None]
+
+
+def _unseen(start: int, data: memoryview) -> None:
+    pass
+
+
+def _bytes_of(tensor: torch.Tensor) -> memoryview:
+    """A contiguous CPU tensor's bytes."""
+    return memoryview(cast(bytearray, tensor.reshape(-1).view(torch.uint8).numpy()))
+
+
+def _shown(chunks: Iterator[torch.Tensor], start: int, seen: Seen) -> Iterator[torch.Tensor]:
+    """``chunks`` (byte tensors, consecutive from ``start``), each shown to ``seen`` first."""
+    for chunk in chunks:
+        seen(start, _bytes_of(chunk))
+        start += chunk.numel()
+        yield chunk
 
 
 def _copy_into(flat: torch.Tensor, chunks: Iterator[torch.Tensor]) -> None:
