@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import pwd
+import shutil
 import signal
+import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -86,3 +91,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return "tests/ray" if path.startswith("tests/ray/") else path
 
     return ByModule(config, log)
+
+
+@pytest.fixture
+def other_user() -> Iterator[tuple[int, int]]:
+    """(uid, gid) of a second local user, made for this test and removed after it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add a second local user (CI runs the suite as root)")
+    if shutil.which("useradd") is None:
+        pytest.skip("useradd is not installed")
+    name = f"sgpu{uuid.uuid4().hex[:8]}"
+    made = subprocess.run(
+        ["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", name],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot add a user here: {made.stderr.strip()}")
+    try:
+        entry = pwd.getpwnam(name)
+        yield entry.pw_uid, entry.pw_gid
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, timeout=30)

@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 _PYTHONS = {"python", "python3"}
 MAX_JOB_FILE_BYTES = 1 << 20
 """A job file is a few lines; anything larger is not one (``/dev/zero`` never ends)."""
+MAX_ALIAS_NODES = 10_000
+"""How many values YAML aliases (``*name``) may add to a job file once expanded: each alias
+is a copy of what it names, so a few hundred bytes of aliases of aliases expand to 10**10
+values, which checking and printing would take minutes and all the memory to build."""
 
 
 class JobSpec(BaseModel):
@@ -129,6 +133,7 @@ def _parse(path: Path) -> tuple[yaml.MappingNode, dict[str, Any]]:
     text = _read_text(path)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_aliases(f"job file {path}", node)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -191,10 +196,45 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
                 where = ".".join(parents[: i + 1])
                 raise ConfigurationError(f"--override {item!r}: {where} is not a mapping")
         try:
+            _check_aliases(f"--override {key}", yaml.compose(text, Loader=yaml.SafeLoader))
             target[last] = yaml.safe_load(text) if text else ""
         except yaml.YAMLError:
             target[last] = text
     return data
+
+
+def _check_aliases(what: str, root: yaml.Node | None) -> None:
+    """Refuse YAML whose aliases expand it past :data:`MAX_ALIAS_NODES` extra values, counted
+    on the composed graph (each node once, in time linear in the text) before it is built."""
+    written: set[int] = set()
+    expanded: dict[int, int] = {}
+
+    def count(node: yaml.Node) -> int:
+        key = id(node)
+        if key in expanded:
+            return expanded[key]
+        expanded[key] = MAX_ALIAS_NODES + 1  # an alias of a node inside itself: unbounded
+        written.add(key)
+        total = 1
+        for child in _children(node):
+            total = min(total + count(child), 1 << 62)
+        expanded[key] = total
+        return total
+
+    extra = count(root) - len(written) if root is not None else 0
+    if extra > MAX_ALIAS_NODES:
+        raise ConfigurationError(
+            f"{what}: its YAML aliases (*name) expand it by more than {MAX_ALIAS_NODES:,} "
+            "values, far more than a job's settings: write the values out, or alias less"
+        )
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def _read_text(path: Path) -> str:

@@ -18,6 +18,7 @@ from serverless_gpu.data.discovery import checkpoint_path, is_complete, latest_c
 from serverless_gpu.data.errors import (
     CacheFullError,
     CheckpointMismatchError,
+    CorruptCheckpointError,
     EmptyVolumeError,
     IncompleteCheckpointError,
     PositionUnknownError,
@@ -37,6 +38,7 @@ __all__ = [
     "CacheFullError",
     "CheckpointMismatchError",
     "Checkpointable",
+    "CorruptCheckpointError",
     "DataLoader",
     "EmptyVolumeError",
     "IncompleteCheckpointError",

@@ -6,6 +6,11 @@
 * Free-disk floor: before a download, under a cache-wide ``flock``, least-recently-used files
   are evicted until ``free - size >= min_free_bytes``; the temp file is then preallocated so
   other processes see the space as taken while the download runs.
+* Trust: the cache folder must be ours and not writable by other users (a shared one made with
+  ``mkdir -m 1777`` is refused), no folder below it may be a symlink, and a cached file is
+  reused only when we wrote it (our uid, a regular file) and it matches what the source said
+  when it was fetched: its size and its ``version`` (ETag, generation or mtime) are part of
+  the path the copy is published at.
 * Pins: a reader holds a shared ``flock`` on a cached file; eviction only removes files it can
   lock exclusively without waiting, so files in use are never deleted under a reader.
 """
@@ -17,6 +22,7 @@ import fcntl
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from hashlib import sha1
@@ -26,10 +32,14 @@ from typing import BinaryIO
 from serverless_gpu.common import settings
 from serverless_gpu.data.errors import CacheFullError, VolumeReadError, changed_since_listing
 from serverless_gpu.data.piecewise import open_piecewise
+from serverless_gpu.runfiles.private_dirs import PrivateDirError, private_dir, private_subdir
 
 __all__ = ["CachePin", "LocalCache", "boot_id", "default_cache_dir"]
 
 _LOCKS = ".locks"
+_SETTING = "cache_dir"
+_WHAT = "cached files"
+_REFUSED = "refusing to use it as a cached copy (remove it, or choose a private cache_dir)"
 _TRIES = 5
 
 
@@ -80,7 +90,7 @@ class LocalCache:
         min_free_bytes: int = 0,
         durable: bool = True,
     ) -> None:
-        self.root = Path(cache_dir)
+        self.root = private_dir(Path(cache_dir), "cache_dir", "cached files")
         self.namespace = namespace
         self.min_free_bytes = int(min_free_bytes)
         self.durable = durable
@@ -88,15 +98,23 @@ class LocalCache:
         power loss may leave a published file's blocks unwritten: zeros of the right size,
         since the temp file was preallocated. A caller that turns it off must not trust files
         from an earlier boot (VolumeDataset's namespace includes :func:`boot_id`)."""
-        (self.root / _LOCKS).mkdir(parents=True, exist_ok=True)
+        private_subdir(self.root, [_LOCKS], _SETTING, _WHAT)
 
-    def acquire(self, relpath: str, size: int, download: Callable[[BinaryIO], None]) -> CachePin:
+    def acquire(
+        self,
+        relpath: str,
+        size: int,
+        download: Callable[[BinaryIO], None],
+        *,
+        version: str = "",
+    ) -> CachePin:
         """Return a pin on the cached copy of ``relpath``, downloading it first if needed.
 
         ``download`` writes the file's bytes into the given binary file. A cached copy is
-        reused when its size equals ``size``.
+        reused when it was fetched for the same ``size`` and ``version`` (what the source
+        says identifies this content: an ETag, a generation, an mtime).
         """
-        target = self._target(relpath)
+        target = self._target(relpath, size, version)
         for _ in range(_TRIES):
             pin = self._try_pin(target, size)
             if pin is not None:
@@ -113,10 +131,14 @@ class LocalCache:
             f"{self.min_free_bytes})"
         )
 
-    def _target(self, relpath: str) -> Path:
+    def _target(self, relpath: str, size: int, version: str) -> Path:
         parts = [p for p in self.namespace.split("/") if p] + relpath.split("/")
         if not relpath or any(p in ("", ".", "..") or p.startswith(".") for p in parts):
             raise VolumeReadError(f"refusing to cache unsafe relative path {relpath!r}")
+        # What the source said at fill time is recorded in the path: a copy fetched for
+        # another size or version of the file is never found, only evicted in time.
+        source = sha1(f"{size}\0{version}".encode()).hexdigest()[:12]
+        parts.insert(len(parts) - 1, f"v{source}")
         return self.root.joinpath(*parts)
 
     def _lock_path(self, relpath: str) -> Path:
@@ -126,24 +148,30 @@ class LocalCache:
     @staticmethod
     @contextmanager
     def _flock(path: Path) -> Iterator[None]:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             _unlock_and_close(fd)
 
-    @staticmethod
-    def _try_pin(target: Path, size: int) -> CachePin | None:
+    def _try_pin(self, target: Path, size: int) -> CachePin | None:
         try:
-            fd = os.open(target, os.O_RDONLY)
+            self._check_folders(target.parent)
+            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise PrivateDirError(f"{target} is a symlink: {_REFUSED}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                raise PrivateDirError(f"{target} was not written by you: {_REFUSED}")
             # An evictor may have unlinked (or a downloader replaced) the name before the lock.
-            if st.st_size != size or os.stat(target).st_ino != st.st_ino:
+            if st.st_size != size or os.lstat(target).st_ino != st.st_ino:
                 _unlock_and_close(fd)
                 return None
         except FileNotFoundError:
@@ -155,12 +183,17 @@ class LocalCache:
         os.utime(target)  # mtime is the LRU clock
         return CachePin(target, fd)
 
+    def _check_folders(self, folder: Path) -> None:
+        """Every folder from the root down to ``folder`` is a real one of ours (no symlink)."""
+        if folder.is_relative_to(self.root) and os.path.lexists(folder):
+            private_subdir(self.root, list(folder.relative_to(self.root).parts), _SETTING, _WHAT)
+
     def _download(self, target: Path, size: int, download: Callable[[BinaryIO], None]) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        private_subdir(self.root, list(target.parent.relative_to(self.root).parts), _SETTING, _WHAT)
         tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         with self._flock(self.root / _LOCKS / "evict.lock"):
             self._make_room(size)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             try:
                 _reserve(fd, size)
             except BaseException:
@@ -254,8 +287,8 @@ def _reserve(fd: int, size: int) -> None:
 def _evict(path: Path) -> bool:
     """Delete ``path`` unless a reader pins it; True when it was deleted."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # gone, or a symlink (never followed)
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -22,11 +22,13 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import pickle
 import re
 import secrets
 import tempfile
 from collections.abc import Callable, Generator
 from contextlib import contextmanager, suppress
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +36,31 @@ from fsspec.core import url_to_fs
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _TorchFsspecFileSystem
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem, SavePlan
+from torch.distributed.checkpoint.planner import (
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+)
+from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from serverless_gpu.data import dcp_read
+from serverless_gpu.data import checkpoint_faults, dcp_read
 from serverless_gpu.data._fs import is_local
-from serverless_gpu.data.errors import IncompleteCheckpointError, VolumeReadError
+from serverless_gpu.data.errors import (
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    VolumeReadError,
+)
 from serverless_gpu.data.piecewise import open_piecewise
+from serverless_gpu.data.shard_checksums import ATTR, ReadCrc, TrailingCrc, crc32_of, recorded
 
 __all__ = ["METADATA", "UCVolumeReader", "UCVolumeWriter", "VolumeReader", "VolumeWriter"]
 
 METADATA = ".metadata"
-_TORN = re.compile(r"\..+\.[0-9a-f]{8}\.part")
-"""A shard staged beside its final name (``create_stream``, local destinations)."""
+_TORN = re.compile(r"\..+?\.(?:(\d+)\.)?[0-9a-f]{8}\.part")
+"""A shard staged beside its final name (``create_stream``, local destinations), named after
+the pid of the process that staged it (none in the names of older versions)."""
 _STAGED = re.compile(r"dcp-(\d+)-[0-9a-f]{16}\.part")
 """A shard staged for upload, named after the pid of the process that staged it."""
 
@@ -63,6 +77,8 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
         # reset in a forked child, so a DataLoader forking its workers meanwhile would hand
         # them a lock nobody releases (their queue threads name sockets with tempfile).
         self.staging_dir = staging_dir if staging_dir is not None else tempfile.gettempdir()
+        self.checksums: dict[str, tuple[int, int]] | None = None
+        """Each shard's ``(size, crc32)`` by file name, as written (``None``: not summed)."""
 
     def init_path(self, path: str | os.PathLike[str], **kwargs: Any) -> str | os.PathLike[str]:
         self.fs, _ = url_to_fs(os.fspath(path), **(kwargs or self.storage_options))
@@ -79,25 +95,39 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
         assert self.fs is not None
         if is_local(self.fs):
             final = self._local(path)
-            staged = final.with_name(f".{final.name}.{secrets.token_hex(4)}.part")
+            # The pid: a save into the same folder deletes only the parts of dead writers.
+            staged = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
         else:
             os.makedirs(self.staging_dir, exist_ok=True)
             staged = Path(self.staging_dir) / f"dcp-{os.getpid()}-{secrets.token_hex(8)}.part"
+        crc = TrailingCrc(staged) if self.checksums is not None else None
         try:
-            with open_piecewise(staged, mode, write_behind=True) as stream:
+            written = crc.wrote if crc is not None else None
+            with open_piecewise(staged, mode, write_behind=True, on_written=written) as stream:
                 yield stream
+            if crc is not None and self.checksums is not None:
+                self.checksums[Path(os.fspath(path)).name] = crc.result(staged.stat().st_size)
             if is_local(self.fs):
                 os.replace(staged, final)
             else:
                 self.fs.put_file(os.fspath(staged), os.fspath(path))
+        except Exception as exc:
+            better = checkpoint_faults.explained(exc, staged, path)
+            if better is None:
+                raise
+            raise better from exc
         finally:
+            if crc is not None:
+                crc.close()
             staged.unlink(missing_ok=True)
 
     def drop_torn(self, checkpoint: str | os.PathLike[str]) -> None:
-        """Delete the shards a killed save staged beside their final names in ``checkpoint``;
-        only before any rank of this save writes (the coordinator's global plan)."""
+        """Delete the shards a killed save staged beside their final names in ``checkpoint``
+        (those of processes that no longer exist); only before any rank of this save writes
+        (the coordinator's global plan)."""
         if self.fs is not None and is_local(self.fs):
-            _unlink_matching(self._local(checkpoint), _TORN)
+            folder = self._local(checkpoint)
+            _unlink_matching(folder, _TORN, lambda m: m[1] is None or not _alive(int(m[1])))
 
     def drop_orphans(self) -> None:
         """Delete the shards that processes which no longer exist staged for upload."""
@@ -142,6 +172,8 @@ class VolumeWriter(FsspecWriter):
         path: checkpoint directory (``/ckpt/step_000100``, ``s3://bucket/run/step_000100``).
         storage_options: fsspec options (e.g. ``{"endpoint_url": ...}``).
         staging_dir: local directory for shards before upload (default: the temp dir).
+        checksums: record each shard's size and crc32 in ``.metadata``, for
+            :class:`VolumeReader` and :func:`latest_checkpoint` to check.
         **kwargs: torch ``FileSystemWriter`` options (``thread_count``, ``overwrite``...).
     """
 
@@ -151,12 +183,14 @@ class VolumeWriter(FsspecWriter):
         *,
         storage_options: dict[str, Any] | None = None,
         staging_dir: str | os.PathLike[str] | None = None,
+        checksums: bool = True,
         **kwargs: Any,
     ) -> None:
         options = dict(storage_options or {})
         super().__init__(path, **kwargs, **options)
         staging = os.fspath(staging_dir) if staging_dir is not None else None
         self._staged = _StagedFileSystem(options, staging)
+        self._staged.checksums = {} if checksums else None
         # torch annotates ``fs`` with its local FileSystem although FsspecWriter stores its own.
         self.fs = self._staged  # type: ignore[assignment]
         self.path = self.fs.init_path(path)
@@ -165,6 +199,19 @@ class VolumeWriter(FsspecWriter):
         """Each rank, before it writes: the files a killed save staged for upload go."""
         self._staged.drop_orphans()
         return super().prepare_local_plan(plan)
+
+    def write_data(self, plan: SavePlan, planner: Any) -> Future[list[WriteResult]]:
+        """torch's, then each item's storage record notes its shard's size and crc32 (see
+        :mod:`~serverless_gpu.data.shard_checksums`); torch completes the future before it
+        returns it."""
+        done = super().write_data(plan, planner)
+        sums = self._staged.checksums
+        if sums is not None and done.done():
+            for result in done.wait():
+                found = sums.get(getattr(result.storage_data, "relative_path", ""))
+                if found is not None:
+                    setattr(result.storage_data, ATTR, found)
+        return done
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Coordinator step after every rank planned and before any rank writes: unpublish a
@@ -180,13 +227,20 @@ class VolumeWriter(FsspecWriter):
 class VolumeReader(FsspecReader):
     """DCP ``StorageReader`` for a checkpoint written by :class:`VolumeWriter` (``dcp.load``).
 
-    Raises :class:`IncompleteCheckpointError` when the directory has no ``.metadata``.
+    Raises :class:`IncompleteCheckpointError` when the directory has no ``.metadata``, and
+    :class:`CorruptCheckpointError` when a shard does not match the size and crc32 recorded
+    when it was saved (``verify=False`` loads it anyway; a shard with none is not checked).
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        storage_options: dict[str, Any] | None = None,
+        verify: bool = True,
     ) -> None:
         options = dict(storage_options or {})
+        self.verify = verify
         super().__init__(path, **options)
         self._staged = _StagedFileSystem(options, None)
         self.fs = self._staged  # type: ignore[assignment]
@@ -196,11 +250,20 @@ class VolumeReader(FsspecReader):
         """Read ``.metadata``; a missing one means the save never completed."""
         metadata_path = self._get_metadata_path(kwargs.get("rank"))
         if not self.fs.exists(metadata_path):
+            if kwargs.get("rank") is not None and self.fs.exists(self._get_metadata_path()):
+                # torch asks for a rank's own file after ``.metadata`` failed to read: say why
+                # that one failed, not that the rank's is missing.
+                return self.read_metadata()
             raise IncompleteCheckpointError(
                 f"{os.fspath(self.path)} has no {METADATA}: the checkpoint is incomplete "
                 "(a save was interrupted) or does not exist"
             )
-        return super().read_metadata(*args, **kwargs)
+        try:
+            return super().read_metadata(*args, **kwargs)
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
+            size = self._staged.fs.size(metadata_path)  # type: ignore[union-attr]
+            message = checkpoint_faults.damaged_metadata(os.fspath(metadata_path), size, exc)
+            raise CorruptCheckpointError(message) from exc
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read this rank's items, after checking that their shards are whole: tensors straight
@@ -223,30 +286,49 @@ class VolumeReader(FsspecReader):
             per_file.setdefault(info[item.storage_index].relative_path, []).append(item)
         staging = dcp_read.Staging()
         for relative_path, reqs in per_file.items():
-            shard = self.fs.concat_path(self.path, relative_path)
-            large = any(info[r.storage_index].length >= dcp_read.DirectFile.MIN_BYTES for r in reqs)
-            direct = self._direct_file(shard) if large else None
-            try:
-                # Asked before any byte of the shard is read: reading an item's header makes
-                # the kernel read ahead into its bytes.
-                on_disk = [
-                    direct is not None
-                    and direct.suits(info[r.storage_index].offset, info[r.storage_index].length)
-                    for r in reqs
-                ]
-                with self.fs.create_stream(shard, "rb") as stream:
-                    for item, cold in zip(reqs, on_disk, strict=True):
-                        found = dcp_read.find(stream, item, info[item.storage_index])
-                        if found is None:
-                            rest.append(item)
-                        else:
-                            dcp_read.place(
-                                stream, found, item, planner, staging, direct if cold else None
-                            )
-            finally:
-                if direct is not None:
-                    direct.close()
+            self._read_shard(relative_path, reqs, planner, staging, rest)
         return rest
+
+    def _read_shard(
+        self,
+        relative_path: str,
+        reqs: list[ReadItem],
+        planner: LoadPlanner,
+        staging: dcp_read.Staging,
+        rest: list[ReadItem],
+    ) -> None:
+        """:meth:`_read_direct` for one shard, its checksum summed from what is read."""
+        info = self.storage_data
+        shard = self.fs.concat_path(self.path, relative_path)
+        large = any(info[r.storage_index].length >= dcp_read.DirectFile.MIN_BYTES for r in reqs)
+        direct = self._direct_file(shard) if large else None
+        want = recorded(info[reqs[0].storage_index]) if self.verify else None
+        gaps = self._staged.fs.open(os.fspath(shard), "rb") if want else None  # type: ignore[union-attr]
+        summed = ReadCrc(partial(_read_at, gaps)) if gaps is not None else None
+        try:
+            # Asked before any byte of the shard is read: reading an item's header makes
+            # the kernel read ahead into its bytes.
+            on_disk = [
+                direct is not None
+                and direct.suits(info[r.storage_index].offset, info[r.storage_index].length)
+                for r in reqs
+            ]
+            with self.fs.create_stream(shard, "rb") as stream:
+                for item, cold in zip(reqs, on_disk, strict=True):
+                    found = dcp_read.find(stream, item, info[item.storage_index])
+                    if found is None:
+                        rest.append(item)
+                        continue
+                    seen = summed.feed if summed is not None else None
+                    direct_file = direct if cold else None
+                    dcp_read.place(stream, found, item, planner, staging, direct_file, seen)
+            if summed is not None and want is not None:
+                _check_sum(os.fspath(shard), self.path, summed.finish(want[0]), want)
+        finally:
+            if direct is not None:
+                direct.close()
+            if gaps is not None:
+                gaps.close()
 
     def _direct_file(self, shard: str | os.PathLike[str]) -> dcp_read.DirectFile | None:
         """A local shard opened for direct reads too (see :mod:`serverless_gpu.data.dcp_read`)."""
@@ -278,6 +360,37 @@ class VolumeReader(FsspecReader):
                     f"needs {end}: it was cut short after the save; restore it from a copy, "
                     "or load an earlier checkpoint"
                 )
+
+    def check_checksums(self) -> None:
+        """Read each shard whose size and crc32 ``.metadata`` records, and raise
+        :class:`CorruptCheckpointError` naming the first that differs."""
+        want = {info.relative_path: recorded(info) for info in self.storage_data.values()}
+        fs = self._staged.fs
+        assert fs is not None  # set by init_path
+        for relpath, sums in sorted(want.items()):
+            if sums is not None:
+                shard = os.fspath(self.fs.concat_path(self.path, relpath))
+                with fs.open(shard, "rb") as stream:
+                    _check_sum(shard, self.path, crc32_of(stream), sums)
+
+
+def _read_at(stream: Any, view: memoryview, offset: int) -> int:
+    stream.seek(offset)
+    return int(stream.readinto(view) or 0)
+
+
+def _check_sum(
+    shard: str, checkpoint: str | os.PathLike[str], found: tuple[int, int], want: tuple[int, int]
+) -> None:
+    if found != want:
+        step = os.fspath(checkpoint).rstrip("/").rsplit("/", 1)[-1]
+        raise CorruptCheckpointError(
+            f"checkpoint shard {shard} of step {step} does not match what was saved "
+            f"({found[0]} bytes, crc32 {found[1]:08x}; saved: {want[0]} bytes, crc32 "
+            f"{want[1]:08x}): its bytes changed after the save. Load an earlier step "
+            "(latest_checkpoint passes over damaged ones), or pass verify=False to "
+            "VolumeReader to load it as it is"
+        )
 
 
 UCVolumeWriter = VolumeWriter

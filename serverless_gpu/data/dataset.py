@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -265,8 +265,7 @@ class VolumeDataset(IterableDataset[T]):
         recent: deque[CachePin] = deque()
 
         def fetch(index: int) -> CachePin:
-            file = self.files[index]
-            return cache.acquire(file.relpath, file.size, partial(self._copy, file))
+            return self._fetch(cache, self.files[index])
 
         try:
             for pin in prefetched(indices, fetch, depth=self.prefetch, release=CachePin.close):
@@ -286,7 +285,7 @@ class VolumeDataset(IterableDataset[T]):
     def _open_shard(self, number: int) -> OpenShard:
         shard = self.files[number]
         if not self.in_place:
-            pin = self._cache().acquire(shard.relpath, shard.size, partial(self._copy, shard))
+            pin = self._fetch(self._cache(), shard)
             return OpenShard(pin.fileno(), shard.relpath, pin.close)
         path = os.path.join(resolve(self.url, self.storage_options)[1], shard.relpath)
         try:
@@ -306,10 +305,10 @@ class VolumeDataset(IterableDataset[T]):
             durable=False,
         )
 
-    def _copy(self, file: VolumeFile, out: BinaryIO) -> None:
-        copy_file(
-            self.url, file.relpath, out, storage_options=self.storage_options, max_bytes=file.size
-        )
+    def _fetch(self, cache: LocalCache, file: VolumeFile) -> CachePin:
+        copy = partial(copy_file, self.url, file.relpath, max_bytes=file.size)
+        copy = partial(copy, storage_options=self.storage_options)
+        return cache.acquire(file.relpath, file.size, copy, version=file.version)
 
     def _rank_share(self) -> list[int]:
         rank, world_size = self._topology

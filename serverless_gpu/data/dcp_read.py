@@ -28,7 +28,7 @@ import io
 import os
 import sys
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, cast
@@ -173,11 +173,15 @@ class DirectFile:
             return False  # cannot tell: the cache may well hold them
         return False
 
-    def chunks(self, start: int, nbytes: int, ring: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+    def chunks(
+        self, start: int, nbytes: int, ring: list[torch.Tensor], seen: Seen | None = None
+    ) -> Iterator[torch.Tensor]:
         """The ``nbytes`` at ``start``, in order, as byte views of the page-aligned buffers of
         ``ring`` (as many reads in flight as it has buffers), each valid until the next is
         asked for. A view need not start on an element's boundary (``start`` is anywhere in
-        the file), so it is copied as bytes."""
+        the file), so it is copied as bytes. ``seen`` is shown each read's bytes in order, by
+        the thread that read them once the read before it was shown: the checksum is summed
+        beside the copies, not between them."""
         size = min(len(b) for b in ring) // self.ALIGN * self.ALIGN
         if size == 0 or any(b.data_ptr() % self.ALIGN for b in ring):
             raise ValueError("direct reads need page-aligned buffers of a page or more")
@@ -186,12 +190,15 @@ class DirectFile:
         spans = iter(_spans(start, start + nbytes, size, self.ALIGN))
         free = list(ring)
         pending: deque[tuple[int, int, torch.Tensor, Future[None]]] = deque()
+        shown: list[Future[None] | None] = [None]  # the read shown last, or to be
 
         def issue() -> None:
             span = next(spans, None)
             if span is not None:
                 first, reach, buffer = *span, free.pop()
-                read = self._pool.submit(self._read, buffer, first, reach)  # type: ignore[union-attr]
+                after = (shown[0], start, seen) if seen is not None else None
+                read = self._pool.submit(self._read_and_show, buffer, first, reach, after)  # type: ignore[union-attr]
+                shown[0] = read
                 pending.append((first, reach, buffer, read))
 
         try:
@@ -208,6 +215,23 @@ class DirectFile:
         finally:  # a consumer that stops early: no read may still fill a buffer
             for *_, read in pending:
                 read.exception()
+
+    def _read_and_show(
+        self,
+        buffer: torch.Tensor,
+        first: int,
+        reach: int,
+        after: tuple[Future[None] | None, int, Seen] | None,
+    ) -> None:
+        """:meth:`_read`; with ``after`` (the read before, the item's start, ``seen``), then
+        show the bytes (from the item's start) to ``seen`` once the read before has been."""
+        self._read(buffer, first, reach)
+        if after is not None:
+            before, start, seen = after
+            if before is not None:
+                before.result()  # submitted earlier to a pool as wide as the ring: it runs
+            low = max(first, start)
+            seen(low, memoryview(cast(bytearray, buffer.numpy()))[low - first : reach - first])
 
     def _read(self, buffer: torch.Tensor, first: int, reach: int) -> None:
         """Fill ``buffer`` with the shard's bytes from ``first`` (page-aligned) to ``reach``."""
@@ -238,10 +262,13 @@ def place(
     planner: LoadPlanner,
     staging: Staging,
     direct: DirectFile | None = None,
+    seen: Seen | None = None,
 ) -> None:
     """Read ``found``'s bytes into the planner's tensor for ``item`` and commit it (through
     ``direct``, when given, into a host tensor of ``DirectFile.MIN_BYTES`` or more: see
-    :meth:`DirectFile.suits`)."""
+    :meth:`DirectFile.suits`); ``seen(offset, bytes)`` is shown every byte read, in order
+    (the shard's checksum, summed as the load goes)."""
+    summing, seen = seen, seen if seen is not None else _unseen
     target = planner.resolve_tensor(item).detach()
     layout = found.layout
     if target.size() != layout.size():
@@ -256,24 +283,47 @@ def place(
         chunks = _buffered_chunks(
             stream, nbytes, staging.buffer(into.is_cuda), layout.element_size()
         )
-        _copy_into(flat, (chunk.view(layout.dtype) for chunk in chunks))
+        _copy_into(flat, (c.view(layout.dtype) for c in _shown(chunks, found.start, seen)))
     elif direct and into.device.type == "cpu" and nbytes >= DirectFile.MIN_BYTES:
         try:
-            _copy_into(flat.view(torch.uint8), direct.chunks(found.start, nbytes, staging.ring()))
+            chunks = direct.chunks(found.start, nbytes, staging.ring(), summing)
+            _copy_into(flat.view(torch.uint8), chunks)
         except OSError:  # a file system that opens files for direct I/O but refuses the reads
             direct.refused = True
             stream.seek(found.start)
             _fill(stream, flat.view(torch.uint8))
+            seen(found.start, _bytes_of(flat))
     elif into.device.type == "cpu":
         stream.seek(found.start)
         _fill(stream, flat.view(torch.uint8))
+        seen(found.start, _bytes_of(flat))
     else:  # another device: through the pinned buffer
         stream.seek(found.start)
         chunks = _buffered_chunks(stream, nbytes, staging.buffer(into.is_cuda), 1)
-        _copy_into(flat.view(torch.uint8), chunks)
+        _copy_into(flat.view(torch.uint8), _shown(chunks, found.start, seen))
     if into is not target:  # a strided destination: the whole part, then one copy
         target.copy_(into)
     planner.commit_tensor(item, target)
+
+
+Seen = Callable[[int, memoryview], None]
+
+
+def _unseen(start: int, data: memoryview) -> None:
+    pass
+
+
+def _bytes_of(tensor: torch.Tensor) -> memoryview:
+    """A contiguous CPU tensor's bytes."""
+    return memoryview(cast(bytearray, tensor.reshape(-1).view(torch.uint8).numpy()))
+
+
+def _shown(chunks: Iterator[torch.Tensor], start: int, seen: Seen) -> Iterator[torch.Tensor]:
+    """``chunks`` (byte tensors, consecutive from ``start``), each shown to ``seen`` first."""
+    for chunk in chunks:
+        seen(start, _bytes_of(chunk))
+        start += chunk.numel()
+        yield chunk
 
 
 def _copy_into(flat: torch.Tensor, chunks: Iterator[torch.Tensor]) -> None:

@@ -51,6 +51,10 @@ class IncompleteCheckpointError(VolumeError):
     """A checkpoint directory has no ``.metadata``: it was never completely published."""
 
 
+class CorruptCheckpointError(VolumeReadError):
+    """A checkpoint shard does not match the size and checksum recorded when it was saved."""
+
+
 class CheckpointMismatchError(VolumeError):
     """A checkpoint or dataset state does not fit the job that tries to resume from it."""
 

@@ -29,10 +29,12 @@ connection to an object store moves tens of MB/s (a moto server on two cores, or
 
 @dataclass(frozen=True)
 class VolumeFile:
-    """One file of a volume: its path relative to the volume root and its size in bytes."""
+    """One file of a volume: its path relative to the volume root, its size in bytes and
+    what the store says identifies this content (ETag, generation, mtime: ``version``)."""
 
     relpath: str
     size: int
+    version: str = ""
 
 
 def list_volume(
@@ -95,8 +97,17 @@ def _files_of(entries: dict[str, Any], root: str, glob: str | None) -> list[Volu
             continue
         if glob is not None and not fnmatch.fnmatchcase(relpath, glob):
             continue
-        files.append(VolumeFile(relpath=relpath, size=int(info.get("size") or 0)))
+        size = int(info.get("size") or 0)
+        files.append(VolumeFile(relpath=relpath, size=size, version=_version(info)))
     return files
+
+
+_VERSION_KEYS = ("ETag", "etag", "generation", "VersionId", "version_id", "mtime", "LastModified")
+"""What fsspec's stores report that changes with a file's content (S3, GCS, Azure, local)."""
+
+
+def _version(info: dict[str, Any]) -> str:
+    return ";".join(f"{key}={info[key]}" for key in _VERSION_KEYS if info.get(key) is not None)
 
 
 def copy_file(

@@ -36,10 +36,21 @@ class PiecewiseFileIO(io.FileIO):
     """``io.FileIO`` that splits a large write into :data:`PIECE`-byte ``write`` calls, and
     with ``write_behind`` starts the write-back of its dirty pages as it goes."""
 
-    def __init__(self, file: str | int, mode: str, *, write_behind: bool = False) -> None:
+    def __init__(
+        self,
+        file: str | int,
+        mode: str,
+        *,
+        write_behind: bool = False,
+        on_written: Callable[[int], None] | None = None,
+    ) -> None:
         super().__init__(file, mode)
         self._start_writeback = _sync_file_range() if write_behind else None
         self._unflushed = 0
+        self._written = 0
+        self._on_written = on_written
+        """Told the bytes written so far every :data:`WRITE_BEHIND` bytes (a checksum that
+        trails the writer: ``shard_checksums.TrailingCrc``)."""
 
     def write(self, b: Any, /) -> int:
         view = memoryview(b).cast("B")
@@ -49,11 +60,15 @@ class PiecewiseFileIO(io.FileIO):
             if not written:  # a non-blocking descriptor that is full: what went, as FileIO does
                 return done
             done += written
+            self._written += written
             self._unflushed += written
-            if self._start_writeback is not None and self._unflushed >= WRITE_BEHIND:
+            if self._unflushed >= WRITE_BEHIND:
                 self._unflushed = 0
-                # Offset 0, length 0: every dirty page of the file not already being written.
-                self._start_writeback(self.fileno(), 0, 0, _SYNC_FILE_RANGE_WRITE)
+                if self._start_writeback is not None:
+                    # Offset 0, length 0: every dirty page of the file not already being written.
+                    self._start_writeback(self.fileno(), 0, 0, _SYNC_FILE_RANGE_WRITE)
+                if self._on_written is not None:
+                    self._on_written(self._written)
         return done
 
 
@@ -70,7 +85,11 @@ def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
 
 
 def open_piecewise(
-    file: str | os.PathLike[str] | int, mode: str = "wb", *, write_behind: bool = False
+    file: str | os.PathLike[str] | int,
+    mode: str = "wb",
+    *,
+    write_behind: bool = False,
+    on_written: Callable[[int], None] | None = None,
 ) -> io.BufferedWriter:
     """A binary file open for writing (``mode`` ``"wb"``, ``"xb"`` or ``"ab"``; a descriptor
     is owned and closed by the file) whose writes reach the kernel in pieces; with
@@ -78,5 +97,7 @@ def open_piecewise(
     if "r" in mode or "+" in mode or "b" not in mode:
         raise ValueError(f"open_piecewise opens binary files for writing only, not {mode!r}")
     target = file if isinstance(file, int) else os.fspath(file)
-    raw = PiecewiseFileIO(target, mode.replace("b", ""), write_behind=write_behind)
+    raw = PiecewiseFileIO(
+        target, mode.replace("b", ""), write_behind=write_behind, on_written=on_written
+    )
     return io.BufferedWriter(raw, PIECE)

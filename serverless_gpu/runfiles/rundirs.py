@@ -50,7 +50,7 @@ from pathlib import Path
 import psutil
 
 from serverless_gpu.common import settings
-from serverless_gpu.common.errors import ConfigurationError
+from serverless_gpu.runfiles.private_dirs import PrivateDirError, default_private_dir, private_dir
 from serverless_gpu.wire.runpaths import (
     LAUNCHER_LOG,
     MARKER,
@@ -92,7 +92,7 @@ def storage_hint(folder: Path, code: int | None) -> str:
     return f"Free space in {folder} or set {RUNS_DIR_ENV} to a folder with more room."
 
 
-class RunsDirError(ConfigurationError):
+class RunsDirError(PrivateDirError):
     """A runs or results root is not safe to use (a symlink, another user's, open to others)."""
 
 
@@ -132,69 +132,11 @@ def _user_dir() -> str:
 
 def _default_root(root: Path, env: str) -> Path:
     """``root`` in a folder all users share: ours, private, and not a link (see the module)."""
-    try:
-        os.mkdir(root, 0o700)
-        created = True
-    except FileExistsError:
-        created = False
-    try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-            raise
-        raise RunsDirError(
-            f"{root} is a symlink or not a directory: serverless_gpu did not make it, and "
-            f"another user may have planted it to redirect your run files. Set {env} to a "
-            "private folder of yours, or have it removed (by its owner or an administrator)"
-        ) from exc
-    try:
-        st = os.fstat(fd)
-        _check_owner(root, st, env)
-        if created:
-            os.fchmod(fd, 0o700)  # whatever the umask
-        elif stat.S_IMODE(st.st_mode) != 0o700:
-            raise RunsDirError(
-                f"{root} has mode {stat.S_IMODE(st.st_mode):o}, not 700: other users may reach "
-                f"your run files. Run `chmod 700 {root}` if you made it, or set {env}"
-            )
-    finally:
-        os.close(fd)
-    return root
+    return default_private_dir(root, env, "run files", RunsDirError)
 
 
 def _configured_root(root: Path, env: str) -> Path:
-    try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        os.mkdir(root, 0o700)
-        created = True
-    except FileExistsError:
-        created = False
-    except OSError as exc:
-        raise RunsDirError(f"cannot create {env}={root} ({exc.strerror})") from exc
-    try:
-        st = os.stat(root)  # a link the user chose is followed; what it leads to is checked
-    except OSError as exc:
-        raise RunsDirError(f"cannot use {env}={root} ({exc.strerror})") from exc
-    if not stat.S_ISDIR(st.st_mode):
-        raise RunsDirError(f"{env}={root} is not a directory")
-    _check_owner(root, st, env)
-    if created:
-        os.chmod(root, 0o700)
-    elif st.st_mode & stat.S_IWOTH:
-        raise RunsDirError(
-            f"{env}={root} is writable by every user, who could replace your run files: "
-            f"run `chmod o-w {root}` or choose a private folder"
-        )
-    return root
-
-
-def _check_owner(root: Path, st: os.stat_result, env: str) -> None:
-    if st.st_uid != os.getuid():
-        raise RunsDirError(
-            f"{root} belongs to user id {st.st_uid}, not to you (user id {os.getuid()}): "
-            f"another user may have made it to read or redirect your run files. "
-            f"Set {env} to a private folder of yours"
-        )
+    return private_dir(root, env, "run files", RunsDirError)
 
 
 def new_run_dir(name: str) -> tuple[str, Path, Path | None]:

@@ -171,3 +171,32 @@ def test_a_fifo_or_a_device_is_refused_at_once(tmp_path: Path, name: str) -> Non
     )
     assert done.returncode == 2, done.stderr
     assert f"job file {name}: not a regular file" in done.stderr
+
+
+def _laughs(levels: int) -> str:
+    """A job file whose ``parameters`` nest aliases ten wide: 10**levels values once expanded."""
+    lines = ["compute: {num_accelerators: 1, accelerator_type: GPU_1xA10}", "command: echo hi"]
+    names = "abcdefghijklmnopqrstuvwxyz"
+    lines += ["parameters:", f"  a: &a [{','.join('x' * 10)}]"]
+    for name, under in zip(names[1:levels], names, strict=False):
+        lines.append(f"  {name}: &{name} [{','.join([f'*{under}'] * 10)}]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("levels", [8, 9, 12])  # 399, 439 and 559 bytes
+def test_a_job_file_of_aliases_nested_ten_wide_is_refused_at_once(
+    tmp_path: Path, levels: int
+) -> None:
+    (tmp_path / "job.yaml").write_text(_laughs(levels))
+    done = subprocess.run(
+        [*COMMAND, "run", "-f", "job.yaml", "--dry-run"],
+        cwd=tmp_path,
+        env={**os.environ, "SERVERLESS_GPU_TYPE": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=30,  # the expansion took minutes, or all the memory
+        preexec_fn=_at_most_2_gib,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "job file job.yaml: its YAML aliases (*name) expand it by more than" in done.stderr

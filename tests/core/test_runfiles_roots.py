@@ -10,7 +10,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,31 +26,6 @@ from serverless_gpu.runfiles.rundirs import (
 )
 
 _PROTECTED_SYMLINKS = Path("/proc/sys/fs/protected_symlinks")
-
-
-@pytest.fixture
-def other_user() -> Iterator[tuple[int, int]]:
-    """(uid, gid) of a second local user, made for this test and removed after it."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to add a second local user (CI runs the suite as root)")
-    if shutil.which("useradd") is None:
-        pytest.skip("useradd is not installed")
-    name = f"sgpu{uuid.uuid4().hex[:8]}"
-    made = subprocess.run(
-        ["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", name],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot add a user here: {made.stderr.strip()}")
-    try:
-        import pwd
-
-        entry = pwd.getpwnam(name)
-        yield entry.pw_uid, entry.pw_gid
-    finally:
-        subprocess.run(["userdel", name], capture_output=True, timeout=30)
 
 
 @pytest.fixture
@@ -85,7 +59,9 @@ def shared_tmp() -> Iterator[Path]:
 
 
 # What the victim's call printed of the exception's classes (its MRO, in order).
-_RAISED = "'RunsDirError', 'ConfigurationError', 'CallerError', 'DistributedError'"
+_RAISED = (
+    "'RunsDirError', 'PrivateDirError', 'ConfigurationError', 'CallerError', 'DistributedError'"
+)
 
 
 def _as_user(user: tuple[int, int], *command: str) -> None:

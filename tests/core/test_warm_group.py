@@ -16,7 +16,6 @@ import psutil
 import pytest
 import warm_fns
 from eventually import eventually
-from test_runfiles_roots import other_user  # noqa: F401 - the second local user, a fixture
 
 from serverless_gpu import distributed
 from serverless_gpu.common.proctitle import is_launcher
@@ -160,7 +159,7 @@ def test_a_rendezvous_environment_changed_by_the_function_gets_the_group_it_desc
 
 
 def test_a_formed_groups_store_takes_no_new_connection_from_anyone(
-    other_user: tuple[int, int],  # noqa: F811 - the fixture imported above
+    other_user: tuple[int, int],
 ) -> None:
     """Standby ranks wait with their group, perhaps for the caller's whole life: the store
     they formed it on stops listening once it is formed, so no process, another local user's

@@ -31,7 +31,7 @@ def cache_disk(tmp_path: Path) -> Iterator[Path]:
     mount = tmp_path / "disk"
     mount.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=700", "tmpfs", str(mount)], capture_output=True
     )
     try:
         yield mount
@@ -45,6 +45,11 @@ def writer(data: bytes) -> Callable[[BinaryIO], None]:
         out.write(data)
 
     return download
+
+
+def cached_files(root: Path) -> list[Path]:
+    """The cached copies under ``root`` (each sits in a folder named for its source version)."""
+    return [p for p in root.rglob("*") if p.is_file() and ".locks" not in p.parts]
 
 
 def free(path: Path) -> int:
@@ -84,11 +89,7 @@ def test_lru_order_and_pins(cache_disk: Path) -> None:
     cache.acquire("a", MiB, writer(b"unused")).close()  # "a" is now most recently used
     with cache.acquire("d", MiB, writer(b"d" * MiB)) as pin:
         assert pin.path.read_bytes() == b"d" * MiB
-    assert sorted(p.name for p in (cache_disk / "c").iterdir() if p.name != ".locks") == [
-        "a",
-        "c",
-        "d",
-    ]
+    assert sorted(p.name for p in cached_files(cache_disk / "c")) == ["a", "c", "d"]
 
     # Pinned files are never evicted; with everything pinned the cache says it is full.
     pins = [cache.acquire(n, MiB, writer(b"")) for n in ("a", "c", "d")]
@@ -102,9 +103,10 @@ def test_lru_order_and_pins(cache_disk: Path) -> None:
     # Another volume sharing the cache directory shares the floor and evicts across volumes.
     other = LocalCache(cache_disk / "c", namespace="vol2", min_free_bytes=cache.min_free_bytes)
     other.acquire("x", MiB, writer(b"x" * MiB)).close()
-    first_volume = [p for p in (cache_disk / "c").iterdir() if p.is_file()]
+    first_volume = [p for p in cached_files(cache_disk / "c") if "vol2" not in p.parts]
     assert len(first_volume) == 2
-    assert (cache_disk / "c" / "vol2" / "x").read_bytes() == b"x" * MiB
+    [x] = cached_files(cache_disk / "c" / "vol2")
+    assert x.read_bytes() == b"x" * MiB
 
 
 def test_file_larger_than_the_disk_is_a_clear_error(cache_disk: Path) -> None:

@@ -339,9 +339,9 @@ def test_large_items_on_disk_are_read_with_direct_io_and_the_rest_through_the_ca
     direct_reads: list[tuple[int, int]] = []
     chunks = dcp_read.DirectFile.chunks
 
-    def noted(self: Any, start: int, nbytes: int, ring: list[torch.Tensor]) -> Any:
+    def noted(self: Any, start: int, nbytes: int, ring: list[torch.Tensor], *seen: Any) -> Any:
         direct_reads.append((start, nbytes))
-        return chunks(self, start, nbytes, ring)
+        return chunks(self, start, nbytes, ring, *seen)
 
     monkeypatch.setattr(dcp_read.DirectFile, "chunks", noted)
     generator = torch.Generator().manual_seed(3)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +25,11 @@ HOW_TO_CONNECT = (
 _PROBE_S = 5.0
 """How long a cluster's head may take to accept a TCP connection: a live one does in
 milliseconds, and ``ray.init`` on an address nothing answers at retries for many minutes."""
+_ANSWER_S = 8.0
+"""How long the head's GCS may take to answer a first request. A frozen head (a stopped or
+wedged ``gcs_server``) still accepts TCP connections, its kernel does that; Ray's own client
+then waits 40 s for the GCS, and ``ray.init`` minutes. With the imports before it, a call
+that asked for none fails within 10 s."""
 
 
 def connect(timeout: float | None = None) -> Any:
@@ -38,8 +45,9 @@ def connect(timeout: float | None = None) -> Any:
             f"{option('remote', True)} runs the call on a Ray cluster, and this process is "
             f"connected to none: {HOW_TO_CONNECT}"
         )
+    deadline = time.monotonic() + (_ANSWER_S if timeout is None else min(timeout, _ANSWER_S))
     _check_answers(address, _PROBE_S if timeout is None else min(timeout, _PROBE_S))
-    if _token_refused(address):  # ray.init would try it 20 times, printing each try
+    if _gcs_refuses(address, deadline):  # ray.init would try it 20 times, printing each try
         raise ConfigurationError(_refused(address))
     try:
         # Ranks' output comes back as the call's own events; Ray's copy would print it twice.
@@ -113,7 +121,37 @@ def _refused(address: str) -> str:
     )
 
 
-def _token_refused(address: str) -> bool:
+def _gcs_refuses(address: str, deadline: float) -> bool:
+    """:func:`_token_refused`, bounded: in a thread of its own, given until ``deadline``
+    (Ray's client has no timeout of its own to pass); a GCS that does not answer by then is
+    a :class:`ConfigurationError` naming the address. The thread, if still waiting, is left
+    to Ray's own timeout: a daemon, it keeps no process alive."""
+    outcome: list[bool | BaseException] = []
+
+    def ask() -> None:
+        try:
+            outcome.append(_token_refused(address, strict=True))
+        except BaseException as exc:  # reported below, in the caller's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=ask, name="ray-gcs-probe", daemon=True)
+    thread.start()
+    waited = max(0.0, deadline - time.monotonic())
+    thread.join(waited)
+    if not outcome or isinstance(outcome[0], BaseException):
+        target = _host_port(address)
+        where = f"{target[0]}:{target[1]}" if target else address
+        why = f"no answer within {waited:.0f} s" if not outcome else str(outcome[0])
+        raise ConfigurationError(
+            f"the Ray cluster at RAY_ADDRESS={address!r} accepts connections at {where}, but "
+            f"its GCS (the head node's gcs_server) did not answer a request ({why}): the head "
+            "is frozen, stopped or overloaded. Check the head node (`ray status` there), or "
+            f"set RAY_ADDRESS to a running cluster's address; {HOW_TO_CONNECT}"
+        )
+    return bool(outcome[0])
+
+
+def _token_refused(address: str, strict: bool = False) -> bool:
     """One request to the head's GCS with this process's token settings (``RAY_AUTH_MODE``,
     ``RAY_AUTH_TOKEN`` ...): True when it is refused as unauthenticated."""
     target = None if address.startswith("ray://") else _host_port(address)
@@ -124,8 +162,15 @@ def _token_refused(address: str) -> bool:
 
         GcsClient(address=f"{target[0]}:{target[1]}")
     except Exception as exc:  # Ray's RpcError or AuthenticationError, by its words
-        return any(word in str(exc) for word in ("Unauthenticated", "InvalidAuthToken"))
+        if any(word in str(exc) for word in ("Unauthenticated", "InvalidAuthToken")):
+            return True
+        if strict and any(word in str(exc) for word in _NO_ANSWER):
+            raise
     return False
+
+
+_NO_ANSWER = ("Timed out", "TimedOut", "unavailable", "Unavailable", "Failed to connect")
+"""Words of Ray's client errors that say the GCS did not answer (not that it refused)."""
 
 
 def _check_answers(address: str, wait: float) -> None:
