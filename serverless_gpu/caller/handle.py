@@ -33,6 +33,7 @@ from serverless_gpu.caller.results import (
     load_results,
     with_root_cause,
 )
+from serverless_gpu.caller.runrecord import note_results_read
 from serverless_gpu.common.errors import WaitTimeoutError
 from serverless_gpu.doctor import stacks as _stacks
 from serverless_gpu.runfiles.rundirs import release_run
@@ -340,6 +341,8 @@ class RunHandle(Generic[R]):
             if self._outcome is None:
                 outcome = self._build_outcome()  # an interrupt here caches nothing, drops nothing
                 self._outcome = outcome
+                if outcome[0] is not None:  # said in the record before the results go
+                    note_results_read(self.context.paths.run_dir)
                 self._release()
             return self._outcome
 

@@ -189,6 +189,21 @@ def list_runs(root: Path | None = None) -> list[RunInfo]:
 register_hook(record_hook, order=_HOOK_ORDER)
 
 
+def shown(text: str, limit: int = 60) -> str:
+    """``repr(text)``, cut to ``limit`` characters with its length said: a message never echoes
+    a huge argument whole."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+def note_results_read(run_dir: Path) -> None:
+    """The caller read the run's results (and deletes them now): a reader of the record from
+    another process can then tell that from results deleted by something else."""
+    if read_record(run_dir):
+        update_record(run_dir, {"results_read": time.time()})
+
+
 def find_run(run_id: str) -> RunInfo:
     """The run whose id is ``run_id`` or starts with it (a unique prefix is enough)."""
     matches = [run for run in list_runs() if run.run_id.startswith(run_id)]
@@ -198,9 +213,11 @@ def find_run(run_id: str) -> RunInfo:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise ConfigurationError(f"no run {run_id!r} (serverless-gpu runs list shows the runs)")
+        raise ConfigurationError(
+            f"no run {shown(run_id)} (serverless-gpu runs list shows the runs)"
+        )
     raise ConfigurationError(
-        f"{run_id!r} names {len(matches)} runs: {', '.join(r.run_id for r in matches)}"
+        f"{shown(run_id)} names {len(matches)} runs: {', '.join(r.run_id for r in matches)}"
     )
 
 
