@@ -386,7 +386,9 @@ class RunHandle(Generic[R]):
         try:
             if finished.status is not RunStatus.SUCCEEDED:
                 tails = {r: "".join(lines) for r, lines in self._stderr.items()}
-                return None, failure_exception(finished, self.ranks, tails, ctx.paths, ctx.timeout)
+                return None, failure_exception(
+                    finished, self.ranks, tails, ctx.paths, ctx.timeout, self._started
+                )
             if self.load_values is not None:
                 values: list[Any] = self.load_values()
             else:

@@ -373,7 +373,11 @@ class RunSupervisor:
             self._stop(*asked)
 
     def _timed_out(self) -> tuple[RunStatus, str]:
-        return RunStatus.TIMED_OUT, timeout_sentence(self.spec.timeout or 0.0, self._running())
+        running, starting = self._in(RankState.RUNNING), self._in(RankState.STARTING)
+        return RunStatus.TIMED_OUT, timeout_sentence(self.spec.timeout or 0.0, running, starting)
+
+    def _in(self, state: RankState) -> list[int]:
+        return [i for i, r in enumerate(self.ranks) if r.state is state]
 
     def _stop_under_way(self) -> tuple[RunStatus, str] | None:
         """The cancel or timeout being carried out (its stacks taken, its ranks asked to stop)

@@ -459,8 +459,9 @@ class RayRun:
         if self.ask_reason is not None:
             return self.ask_reason
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            running = [r.rank for r in self.ranks if r.state in LIVE]
-            return timeout_sentence(self.ctx.timeout or 0.0, running)
+            running = [r.rank for r in self.ranks if r.state is RankState.RUNNING]
+            starting = [r.rank for r in self.ranks if r.state is RankState.STARTING]
+            return timeout_sentence(self.ctx.timeout or 0.0, running, starting)
         return None
 
     def _stop_status(self) -> RunStatus:
