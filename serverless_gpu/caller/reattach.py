@@ -53,7 +53,7 @@ def reattach(run_id: str) -> RunHandle[Any]:
     from serverless_gpu.caller.runrecord import find_run, shown  # the one reader of run ids
 
     if not isinstance(run_id, str) or not run_id.strip():
-        raise UsageError(f"from_run_id takes a run's id (a string), not {shown(repr(run_id))}")
+        raise UsageError(f"from_run_id takes a run's id (a string), not {run_id!r:.80}")
     if len(run_id.strip()) > _MAX_ID:
         raise UsageError(
             f"from_run_id takes a run's id (12 hex digits, or a unique prefix, as "
