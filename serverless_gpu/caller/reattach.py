@@ -239,10 +239,16 @@ def _gone(info: RunInfo, twin: Path | None, missing: list[int]) -> str:
     """Why a succeeded run's results are missing: read by its caller (its record says so), or
     deleted by something else (the values are lost)."""
     head = f"run {info.run_id} succeeded, and its results are no longer in {info.run_dir}"
-    if info.record.get("results_read"):
+    gone = info.record.get("results_gone")
+    if gone == "read":
         return (
             f"{head}: its caller read them (a run's results are deleted once read); its "
             "handle there has them"
+        )
+    if gone == "dropped":
+        return (
+            f"{head}: its caller dropped its handle without reading them, and they went with "
+            "it (keep the handle, or read the result, to keep them); the values are lost"
         )
     where = f" or {twin}" if twin is not None else ""
     ranks = ", ".join(str(r) for r in missing)

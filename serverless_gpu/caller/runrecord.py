@@ -197,11 +197,12 @@ def shown(text: str, limit: int = 60) -> str:
     return f"{text[:limit]!r}... ({len(text):,} characters)"
 
 
-def note_results_read(run_dir: Path) -> None:
-    """The caller read the run's results (and deletes them now): a reader of the record from
-    another process can then tell that from results deleted by something else."""
+def note_results_gone(run_dir: Path, because: str) -> None:
+    """The caller deletes the run's results now, ``because`` it read them (``"read"``) or its
+    handle was dropped unread (``"dropped"``): a reader of the record in another process can
+    tell that from results deleted by something else."""
     if read_record(run_dir):
-        update_record(run_dir, {"results_read": time.time()})
+        update_record(run_dir, {"results_gone": because})
 
 
 def find_run(run_id: str) -> RunInfo:

@@ -3,7 +3,7 @@ caller's ``DistributedTimeoutError`` say it alike)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 def timeout_sentence(timeout: float, running: Sequence[int], starting: Sequence[int] = ()) -> str:
@@ -21,6 +21,16 @@ def timeout_sentence(timeout: float, running: Sequence[int], starting: Sequence[
         )
     text = f"{head}; ranks still running: {_listed(running) or 'none'}"
     return text + (f"; {never}" if starting else "")
+
+
+def ranks_timeout(timeout: float, states: Iterable[tuple[int, str]]) -> str:
+    """:func:`timeout_sentence` from each rank's state (``RankState`` values): ``running``
+    ranks are in the function, ``starting`` ones not yet; the others have ended."""
+    pairs = list(states)
+    running = [rank for rank, state in pairs if state == "running"]
+    return timeout_sentence(
+        timeout, running, [rank for rank, state in pairs if state == "starting"]
+    )
 
 
 def _listed(ranks: Sequence[int]) -> str:

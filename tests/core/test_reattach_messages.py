@@ -59,9 +59,12 @@ def test_results_deleted_unread_are_not_blamed_on_the_caller(recorded: Any) -> N
     assert "the values are lost: run the function again" in text
 
 
-def test_results_its_caller_read_are_said_to_be_read(recorded: Any) -> None:
-    recorded(status="succeeded", finished=2.0, results_read=3.0)
+def test_results_its_caller_read_or_dropped_are_said_to_be(recorded: Any) -> None:
+    paths = recorded(status="succeeded", finished=2.0, results_gone="read")
     with pytest.raises(DistributedError, match="its caller read them"):
+        RecordedRun(find_run(RUN_ID)).result(0)
+    paths.record.write_text(paths.record.read_text().replace('"read"', '"dropped"'))
+    with pytest.raises(DistributedError, match="dropped its handle without reading them"):
         RecordedRun(find_run(RUN_ID)).result(0)
 
 
