@@ -138,7 +138,7 @@ def timeout_error(
     where = {}
     for rank in range(world_size):
         collective = flight.last_collective(paths, rank)
-        if rank in running:
+        if rank in unfinished:  # running, or still starting: where its main thread was
             line = stack_text.where(found[rank]) if rank in found else "did not answer"
         elif collective or rank in found:
             line = "had returned (waiting for the others)"
