@@ -27,6 +27,7 @@ _pip_progress() {
     /^Collecting / { print "  collecting " $2; fflush() }
     /^Processing / { n = split($2, path, "/"); print "  collecting " path[n]; fflush() }
     /^ *Downloading .*\([0-9.]+ [MG]B\)$/ { print "  downloading " $2 " " $3 " " $4; fflush() }
+    /^Installing collected packages: / { print "  installing " NF - 3 " packages"; fflush() }
     /^Successfully installed / { print "  installed " NF - 2 " packages"; fflush() }
   '
 }
