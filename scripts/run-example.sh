@@ -6,21 +6,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-# setuptools announces every editable install with a warning there is nothing to do about.
-editable_install() { PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q "$@"; }
+if [ ! -x .venv/bin/python ]; then
+  echo "${0##*/}: creating .venv with $("$PYTHON" --version 2>&1)"
+  "$PYTHON" -m venv .venv
+fi
+source scripts/_install.sh
 # Install only when what the install depends on changed since the last one (pip takes ~10 s
 # even when there is nothing to do).
 stamp=.venv/.run-example-installed
 want="$(cat pyproject.toml .ci/constraints-ci.txt | sha256sum | cut -d' ' -f1) ${SKIP_TORCH_PIN:-0}"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/python -m pip install -q --upgrade pip
+  say "installing serverless-gpu[tracking] and torch into .venv: a few minutes the first time" \
+    "(pip's whole output: $PIP_LOG)"
+  pip_install --upgrade pip
   # On a GPU machine that already has a CUDA torch in this venv, pass SKIP_TORCH_PIN=1.
   if [ "${SKIP_TORCH_PIN:-0}" = 1 ]; then
-    editable_install -e '.[tracking]'
+    pip_install -e '.[tracking]'
   else
-    editable_install -c .ci/constraints-ci.txt -e '.[tracking]'
+    install_torch
+    pip_install -c .ci/constraints-ci.txt -e '.[tracking]'
   fi
+  say_torch
   echo "$want" > "$stamp"
 fi
+say "running python -m serverless_gpu.examples.mlp $*"
 exec .venv/bin/python -m serverless_gpu.examples.mlp "$@"

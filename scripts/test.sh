@@ -6,17 +6,19 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-# setuptools announces every editable install with a warning there is nothing to do about.
-editable_install() { PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q "$@"; }
-.venv/bin/python -m pip install -q --upgrade pip
-# .ci/constraints-ci.txt pins the torch version the tests run with (which build pip picks: README).
-editable_install -c .ci/constraints-ci.txt -e '.[dev]'
+source scripts/_install.sh
+say "installing serverless-gpu[dev] and torch into .venv (pip's whole output: $PIP_LOG)"
+pip_install --upgrade pip
+# .ci/constraints-ci.txt pins the torch version the tests run with; the build: scripts/_install.sh.
+install_torch
+pip_install -c .ci/constraints-ci.txt -e '.[dev]'
 # DeepSpeed builds against the installed torch (its setup imports it), hence no build isolation;
 # its CPU communication op is compiled on first use and kept under .venv/torch_extensions.
 if ! .venv/bin/python -m pip show -q deepspeed >/dev/null 2>&1; then
-  .venv/bin/python -m pip install -q setuptools wheel
-  .venv/bin/python -m pip install -q --no-build-isolation -c .ci/constraints-ci.txt deepspeed==0.19.8
+  pip_install setuptools wheel
+  pip_install --no-build-isolation -c .ci/constraints-ci.txt deepspeed==0.19.8
 fi
+say_torch
 
 if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null

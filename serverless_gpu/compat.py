@@ -22,7 +22,8 @@ from typing import Any
 
 from serverless_gpu.api.decorator import distributed
 from serverless_gpu.api.scripts import ScriptTarget, script_function
-from serverless_gpu.common.errors import ConfigurationError
+from serverless_gpu.common.errors import ConfigurationError, GPUConfigError
+from serverless_gpu.common.gpus import resolve_placement
 from serverless_gpu.common.vocabulary import TORCH_DISTRIBUTOR, speaking
 
 
@@ -38,13 +39,18 @@ class TorchDistributor:
     def __init__(
         self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True, **_: Any
     ) -> None:
-        if not isinstance(num_processes, int) or isinstance(num_processes, bool):
-            raise ConfigurationError(f"num_processes must be an integer, not {num_processes!r}")
-        if num_processes < 1:
-            raise ConfigurationError(f"num_processes must be at least 1, not {num_processes}")
+        # Spark's checks, in its words, when the distributor is made: not when it runs.
+        whole = isinstance(num_processes, int) and not isinstance(num_processes, bool)
+        if not whole or num_processes < 1:
+            raise ConfigurationError(
+                f"num_processes has to be a positive integer, not {num_processes!r}"
+            )
         self.num_processes = num_processes
         self.local_mode = local_mode
         self.use_gpu = use_gpu
+        if local_mode:  # this machine's GPUs (local_mode=False: the cluster's, when it runs)
+            with speaking(TORCH_DISTRIBUTOR):
+                _check_here(num_processes, use_gpu)
 
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         """Run ``train_object`` on every process: rank 0's return value for a function,
@@ -72,3 +78,19 @@ class TorchDistributor:
             )
         decorate = distributed(gpus=self.num_processes, gpu_type=gpu_type, remote=remote)
         return decorate(train_object).distributed(*args, **kwargs)[0]
+
+
+class DriverGPUError(GPUConfigError, RuntimeError):
+    """``use_gpu=True`` where this machine has no GPU: a ``RuntimeError`` as Spark raises it,
+    and the library's ``GPUConfigError``."""
+
+
+def _check_here(num_processes: int, use_gpu: bool) -> None:
+    """What ``run`` would refuse on this machine (no GPU for ``use_gpu=True``, too many CPU
+    processes), refused now."""
+    try:
+        resolve_placement(num_processes, None if use_gpu else "cpu")
+    except GPUConfigError as exc:
+        if not use_gpu or "no GPU is visible" not in str(exc):
+            raise
+        raise DriverGPUError(f"GPUs were unable to be found on the driver: {exc}") from None

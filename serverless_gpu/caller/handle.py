@@ -21,7 +21,6 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from serverless_gpu.caller import call_fields, finisher
@@ -33,7 +32,8 @@ from serverless_gpu.caller.results import (
     load_results,
     with_root_cause,
 )
-from serverless_gpu.common.errors import WaitTimeoutError
+from serverless_gpu.caller.runrecord import note_results_gone
+from serverless_gpu.caller.waits import logs_first, still_running
 from serverless_gpu.doctor import stacks as _stacks
 from serverless_gpu.runfiles.rundirs import release_run
 from serverless_gpu.wire.events import (
@@ -130,7 +130,7 @@ class RunHandle(call_fields.CallFields, Generic[R]):
         self._end_lock = threading.Lock()
         # A handle dropped unread takes its run's leftovers with it (not at exit: the backend's
         # shutdown owns the runs still going then).
-        self._dropped = weakref.finalize(self, _drop_bulk_files, ctx.paths)
+        self._dropped = weakref.finalize(self, _drop_bulk_files, ctx.paths, "dropped")
         self._dropped.atexit = False
         self.load_values: Callable[[], list[Any]] | None = None
         """Where the backend keeps the ranks' values itself (Ray's object store); None: the
@@ -347,7 +347,7 @@ class RunHandle(call_fields.CallFields, Generic[R]):
         """The run's bulk files are of no more use: drop them and let pruning have the run."""
         self._released = True
         self._dropped.detach()
-        _drop_bulk_files(self.context.paths)
+        _drop_bulk_files(self.context.paths, "read")
 
     def _dispatch(self, event: Event) -> None:
         self._hangs.seen(event)
@@ -383,7 +383,9 @@ class RunHandle(call_fields.CallFields, Generic[R]):
         try:
             if finished.status is not RunStatus.SUCCEEDED:
                 tails = {r: "".join(lines) for r, lines in self._stderr.items()}
-                return None, failure_exception(finished, self.ranks, tails, ctx.paths, ctx.timeout)
+                return None, failure_exception(
+                    finished, self.ranks, tails, ctx.paths, ctx.timeout, self._started
+                )
             if self.load_values is not None:
                 values: list[Any] = self.load_values()
             else:
@@ -400,15 +402,6 @@ class RunHandle(call_fields.CallFields, Generic[R]):
             return None, exc
 
 
-def still_running(run_id: str, timeout: float | None, run_dir: Path) -> WaitTimeoutError:
-    """What ``result(timeout)`` raises when the run outlives the wait."""
-    return WaitTimeoutError(
-        f"run {run_id} still running after waiting {timeout:g} s; it goes on "
-        "(call result() again to keep waiting, or cancel() to stop it)",
-        run_dir=run_dir,
-    )
-
-
 def read_log(paths: RunPaths, rank: int) -> str:
     """Rank ``rank``'s log so far; empty before the rank has started."""
     try:
@@ -420,14 +413,6 @@ def read_log(paths: RunPaths, rank: int) -> str:
 def live_handle(run_id: str) -> RunHandle[Any] | None:
     """This process's handle of the run ``run_id``, while someone holds it."""
     return _LIVE.get(run_id)
-
-
-def logs_first(timeout: float | bool | None, logs: bool) -> tuple[float | None, bool]:
-    """``result(True)``: the original API's ``result`` takes ``logs`` first, and a timeout of
-    True seconds means nothing."""
-    if isinstance(timeout, bool):
-        return None, timeout or logs
-    return timeout, logs
 
 
 def check_timeout(timeout: float | None) -> None:
@@ -445,8 +430,10 @@ def deadline_of(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
 
-def _drop_bulk_files(paths: RunPaths) -> None:
-    """Payload and result files can be GBs; logs and error records stay for the user."""
+def _drop_bulk_files(paths: RunPaths, because: str) -> None:
+    """Payload and result files can be GBs; logs and error records stay. The record says why
+    they went (``from_run_id`` tells that from a deletion by anything else)."""
+    note_results_gone(paths.run_dir, because)
     for path in paths.bulk_files():
         path.unlink(missing_ok=True)
     if paths.results_dir is not None:

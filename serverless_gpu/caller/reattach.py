@@ -13,6 +13,7 @@ is refused.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from serverless_gpu.caller import follow
@@ -43,13 +44,21 @@ _POLL_S = 0.2
 """How often a re-attached run's record is read while waiting for its end."""
 _LOAD_TRIES = 3
 """A result may move from the tmpfs twin into the run directory while it is being read."""
+_MAX_ID = 64
+"""Run ids are 12 hex digits; a longer string names no run (and is not echoed whole)."""
 
 
 def reattach(run_id: str) -> RunHandle[Any]:
     """The handle of the run ``run_id`` (or a unique prefix of it) in the runs folder."""
+    from serverless_gpu.caller.runrecord import find_run, shown  # the one reader of run ids
+
     if not isinstance(run_id, str) or not run_id.strip():
-        raise UsageError(f"from_run_id takes a run's id (a string), not {run_id!r}")
-    from serverless_gpu.caller.runrecord import find_run  # the one reader of run ids and prefixes
+        raise UsageError(f"from_run_id takes a run's id (a string), not {run_id!r:.80}")
+    if len(run_id.strip()) > _MAX_ID:
+        raise UsageError(
+            f"from_run_id takes a run's id (12 hex digits, or a unique prefix, as "
+            f"`serverless-gpu runs list` shows it), not {shown(run_id)}"
+        )
 
     handle = live_handle(run_id.strip())
     if handle is not None:
@@ -74,7 +83,17 @@ def status_of(info: RunInfo) -> RunStatus:
         return RunStatus.FAILED
     if status == RUNNING:
         return RunStatus.RUNNING
-    return RunStatus(status)
+    try:
+        return RunStatus(status)
+    except ValueError:
+        from serverless_gpu.caller.runrecord import shown
+
+        paths = RunPaths(info.run_dir)
+        raise ConfigurationError(
+            f"run {info.run_id}: its record {paths.record} has a status this version does not "
+            f"know, {shown(status)} (the file was damaged, or written by another version), so "
+            f"its outcome is unknown; its logs are in {paths.logs}"
+        ) from None
 
 
 class RecordedRun(RunHandle[Any]):
@@ -206,12 +225,7 @@ def _values(info: RunInfo, size: int) -> list[Any]:
     paths = RunPaths(info.run_dir, twin if twin is not None and twin.is_dir() else None)
     missing = [r for r in range(size) if not any(p.exists() for p in paths.results(r))]
     if missing:
-        raise DistributedError(
-            f"run {info.run_id} succeeded, and its results are no longer in {info.run_dir}: "
-            "its caller read them (a run's results are deleted once read); its handle there "
-            "has them",
-            run_dir=info.run_dir,
-        )
+        raise DistributedError(_gone(info, twin, missing), run_dir=info.run_dir)
     for attempt in range(_LOAD_TRIES):
         try:
             return load_results(paths, size)
@@ -219,6 +233,31 @@ def _values(info: RunInfo, size: int) -> list[Any]:
             if attempt == _LOAD_TRIES - 1 or not isinstance(exc.__cause__, FileNotFoundError):
                 raise
     raise AssertionError("unreachable")
+
+
+def _gone(info: RunInfo, twin: Path | None, missing: list[int]) -> str:
+    """Why a succeeded run's results are missing: read by its caller (its record says so), or
+    deleted by something else (the values are lost)."""
+    head = f"run {info.run_id} succeeded, and its results are no longer in {info.run_dir}"
+    gone = info.record.get("results_gone")
+    if gone == "read":
+        return (
+            f"{head}: its caller read them (a run's results are deleted once read); its "
+            "handle there has them"
+        )
+    if gone == "dropped":
+        return (
+            f"{head}: its caller dropped its handle without reading them, and they went with "
+            "it (keep the handle, or read the result, to keep them); the values are lost"
+        )
+    where = f" or {twin}" if twin is not None else ""
+    ranks = ", ".join(str(r) for r in missing)
+    return (
+        f"{head}: the results of rank(s) {ranks} were deleted from {info.run_dir}{where} before "
+        "its caller read them, by something other than serverless_gpu (a cleanup of the runs "
+        "folder or of /dev/shm, or another process); the values are lost: run the function "
+        f"again. Its logs: {RunPaths(info.run_dir).logs}"
+    )
 
 
 register_reattach(reattach)

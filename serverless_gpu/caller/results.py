@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -77,28 +77,24 @@ def failure_exception(
     stderr_tails: Mapping[int, str],
     paths: RunPaths,
     timeout: float | None,
+    started: Collection[int] | None = None,
 ) -> BaseException:
     """The exception the caller raises for a run that did not succeed, with every rank's
-    failure on it (:func:`errors.failures_of`)."""
+    failure on it (:func:`errors.failures_of`). ``started``: the ranks that reached the
+    function (None: not known, every unfinished rank reads as running)."""
     failures = tuple(_located(f, ranks, stderr_tails, paths) for f in finished.failures)
-    return with_failures(_run_exception(finished, ranks, failures, paths, timeout), failures)
+    if finished.status is RunStatus.TIMED_OUT:
+        unfinished = finished.unfinished_ranks
+        size = max([len(ranks), *(r + 1 for r in unfinished)])
+        error = timeout_error(timeout or 0.0, unfinished, paths, size, started)
+        return with_failures(error, failures)
+    return with_failures(_run_exception(finished, failures, paths), failures)
 
 
 def _run_exception(
-    finished: RunFinished,
-    ranks: Mapping[int, RankFinished],
-    failures: tuple[RankFailure, ...],
-    paths: RunPaths,
-    timeout: float | None,
+    finished: RunFinished, failures: tuple[RankFailure, ...], paths: RunPaths
 ) -> BaseException:
     run_dir = paths.run_dir
-    if finished.status is RunStatus.TIMED_OUT:
-        return timeout_error(
-            timeout or 0.0,
-            finished.unfinished_ranks,
-            paths,
-            max([len(ranks), *(r + 1 for r in finished.unfinished_ranks)]),
-        )
     if finished.status is RunStatus.CANCELLED:
         return CancelledError(f"run cancelled: {finished.message}", run_dir=run_dir)
     if finished.root_cause is None:
@@ -128,14 +124,21 @@ def _located(
 
 
 def timeout_error(
-    timeout: float, running: tuple[int, ...], paths: RunPaths, world_size: int
+    timeout: float,
+    unfinished: tuple[int, ...],
+    paths: RunPaths,
+    world_size: int,
+    started: Collection[int] | None = None,
 ) -> DistributedTimeoutError:
-    """With the stacks the launcher took before stopping the ranks, and where each was."""
+    """With the stacks the launcher took before stopping the ranks, and where each was; an
+    unfinished rank that never ``started`` the function is named as still starting."""
+    running = tuple(r for r in unfinished if started is None or r in started)
+    starting = tuple(r for r in unfinished if r not in running)
     found = stacks.load_saved(paths, world_size)
     where = {}
     for rank in range(world_size):
         collective = flight.last_collective(paths, rank)
-        if rank in running:
+        if rank in unfinished:  # running, or still starting: where its main thread was
             line = stack_text.where(found[rank]) if rank in found else "did not answer"
         elif collective or rank in found:
             line = "had returned (waiting for the others)"
@@ -145,6 +148,7 @@ def timeout_error(
     return DistributedTimeoutError(
         timeout,
         running,
+        starting=starting,
         run_dir=paths.run_dir,
         stacks=found,
         where=where,

@@ -190,6 +190,22 @@ def list_runs(root: Path | None = None) -> list[RunInfo]:
 register_hook(record_hook, order=_HOOK_ORDER)
 
 
+def shown(text: str, limit: int = 60) -> str:
+    """``repr(text)``, cut to ``limit`` characters with its length said: a message never echoes
+    a huge argument whole."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+def note_results_gone(run_dir: Path, because: str) -> None:
+    """The caller deletes the run's results now, ``because`` it read them (``"read"``) or its
+    handle was dropped unread (``"dropped"``): a reader of the record in another process can
+    tell that from results deleted by something else."""
+    if read_record(run_dir):
+        update_record(run_dir, {"results_gone": because})
+
+
 def find_run(run_id: str) -> RunInfo:
     """The run whose id is ``run_id`` or starts with it (a unique prefix is enough)."""
     matches = [run for run in list_runs() if run.run_id.startswith(run_id)]
@@ -199,9 +215,11 @@ def find_run(run_id: str) -> RunInfo:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise ConfigurationError(f"no run {run_id!r} (serverless-gpu runs list shows the runs)")
+        raise ConfigurationError(
+            f"no run {shown(run_id)} (serverless-gpu runs list shows the runs)"
+        )
     raise ConfigurationError(
-        f"{run_id!r} names {len(matches)} runs: {', '.join(r.run_id for r in matches)}"
+        f"{shown(run_id)} names {len(matches)} runs: {', '.join(r.run_id for r in matches)}"
     )
 
 

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from serverless_gpu.common.timeout_words import timeout_sentence
+
 
 class DistributedError(Exception):
     """Base class of every error raised by serverless_gpu itself."""
@@ -151,12 +153,6 @@ def root_cause(failures: Sequence[RankFailure]) -> RankFailure | None:
     if not failures:
         return None
     return min(failures, key=lambda f: (f.peer_lost, f.time, f.rank))
-
-
-def timeout_sentence(timeout: float, running: Sequence[int]) -> str:
-    """How a run that ran past its time limit is worded, wherever it is shown."""
-    ranks = ", ".join(str(r) for r in running) or "none"
-    return f"exceeded its timeout of {timeout:g} s; ranks still running: {ranks}"
 
 
 def signal_name(status: int) -> str | None:
@@ -315,11 +311,12 @@ class DistributedTimeoutError(CallerError, TimeoutError):
         running_ranks: tuple[int, ...],
         *,
         run_dir: Path | None,
+        starting: tuple[int, ...] = (),
         stacks: dict[int, str] | None = None,
         where: dict[int, str] | None = None,
         stacks_dir: Path | None = None,
     ) -> None:
-        text = f"distributed call {timeout_sentence(timeout, running_ranks)}"
+        text = f"distributed call {timeout_sentence(timeout, running_ranks, starting)}"
         if where:
             text += "\nwhere each rank was (main thread) when the timeout struck:"
             text += "".join(f"\n  rank {r}: {line}" for r, line in sorted(where.items()))

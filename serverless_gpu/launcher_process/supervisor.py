@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from serverless_gpu.common.errors import RankFailure, signal_name, timeout_sentence
+from serverless_gpu.common.errors import RankFailure, signal_name
+from serverless_gpu.common.timeout_words import ranks_timeout
 from serverless_gpu.launcher_process.log import log, log_exception
 from serverless_gpu.launcher_process.rank_handle import RankProcess
 from serverless_gpu.launcher_process.rank_output import RankOutput
@@ -57,8 +58,7 @@ class RunPhase(enum.Enum):
     ASKED = "asked to stop"
     """The ranks were asked to return (a cancel or the timeout, with ``stop_grace``)."""
     STOPPING = "stopping"
-    """Every rank was sent SIGTERM (SIGKILL after the grace period): the run ends with the
-    last exit."""
+    """Every rank was sent SIGTERM (SIGKILL after the grace period); it ends at the last exit."""
     REPORTED = "reported"
     """``RunFinished`` is sent. On success that is as soon as every rank has reported its
     result; the ranks then exit (communicator and CUDA teardown) on their own time, still
@@ -194,8 +194,7 @@ class RunSupervisor:
     # -- events from the ranks -------------------------------------------------------------------
 
     def _on_message(self, rank: int) -> bool:
-        """Handle what the rank's channel holds; True while there may be more to read (a
-        large message may take several reads)."""
+        """Handle what the rank's channel holds; True while more may wait (large messages)."""
         r = self.ranks[rank]
         proc = r.proc
         messages, eof = proc.channel.receive()
@@ -373,7 +372,8 @@ class RunSupervisor:
             self._stop(*asked)
 
     def _timed_out(self) -> tuple[RunStatus, str]:
-        return RunStatus.TIMED_OUT, timeout_sentence(self.spec.timeout or 0.0, self._running())
+        states = enumerate(r.state for r in self.ranks)
+        return RunStatus.TIMED_OUT, ranks_timeout(self.spec.timeout or 0.0, states)
 
     def _stop_under_way(self) -> tuple[RunStatus, str] | None:
         """The cancel or timeout being carried out (its stacks taken, its ranks asked to stop)

@@ -6,6 +6,7 @@ A rank never returns into the launcher's code: every path ends in ``os._exit``.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import io
 import os
@@ -157,7 +158,8 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     except SystemExit as exc:
         return exit_code(exc)
     except BaseException as exc:  # the user's failure, whatever it is, goes back to the caller
-        return _report_error(spec, send, exc, RAISED, qualified_type(exc), exception_message(exc))
+        message = exception_message(exc) + _closed_connection(exc, conn)
+        return _report_error(spec, send, exc, RAISED, qualified_type(exc), message)
     try:
         _write_result(result, run.paths.results(spec.rank), run.world_size)
     except OSError as exc:  # no room left anywhere: say so, not "cannot be pickled"
@@ -181,6 +183,28 @@ def _run(conn: Connection, spec: RankSpec) -> int:
     # The result is on its way: communicators are shut down now, outside the call's time.
     warm_group.finish()
     return 0
+
+
+CLOSED_CONNECTION_NOTE = (
+    "the function closed file descriptors it did not open (os.closerange or the like), among "
+    "them this rank's connection to the launcher: close only the descriptors your code opened"
+)
+
+
+def _closed_connection(exc: BaseException, conn: Connection) -> str:
+    """A function that closed our descriptors fails later on one of them (EBADF, from
+    ``send_to_caller`` or a metric): the cause, said after the error's words and on the
+    exception itself (its type stays); "" for any other error."""
+    if not (isinstance(exc, OSError) and exc.errno == errno.EBADF):
+        return ""
+    try:
+        os.fstat(conn.fileno())
+        return ""  # the connection is intact: the EBADF is of the function's own making
+    except (OSError, ValueError):
+        pass
+    if hasattr(exc, "add_note"):  # Python 3.11+
+        best_effort(exc.add_note, CLOSED_CONNECTION_NOTE)
+    return f" ({CLOSED_CONNECTION_NOTE})"
 
 
 def _not_written(exc: OSError, run: RunSpec) -> str:

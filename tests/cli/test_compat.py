@@ -52,9 +52,19 @@ def test_a_script_path_runs_as_a_script_with_string_arguments(
         assert out == {"argv": ["--learning-rate", "0.001"], "name": "__main__", "world": "2"}
 
 
-def test_what_cannot_run_here_is_refused_when_made() -> None:
-    with pytest.raises(ConfigurationError, match="at least 1"):
-        TorchDistributor(num_processes=0)
+def test_what_cannot_run_here_is_refused_when_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    for bad in (0, -2, True, "2"):
+        with pytest.raises(ConfigurationError, match="num_processes has to be a positive integer"):
+            TorchDistributor(num_processes=bad)  # type: ignore[arg-type]  # (Spark's words)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU, whatever the machine has
+    monkeypatch.delenv("SERVERLESS_GPU_TYPE", raising=False)
+    with pytest.raises(RuntimeError, match="GPUs were unable to be found on the driver") as info:
+        TorchDistributor(num_processes=2, local_mode=True, use_gpu=True)  # not in run
+    assert isinstance(info.value, ConfigurationError)  # the library's type too
+    assert "pass use_gpu=False or set" in str(info.value)
+    with pytest.raises(ConfigurationError, match="num_processes=1000 CPU ranks"):
+        TorchDistributor(num_processes=1000, use_gpu=False)
+    TorchDistributor(num_processes=2, local_mode=False, use_gpu=True)  # the cluster's GPUs: in run
     with pytest.raises(ConfigurationError, match="keyword arguments"):
         TorchDistributor(use_gpu=False).run("train.py", lr=1)
 

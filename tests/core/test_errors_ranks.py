@@ -4,6 +4,7 @@ with the user's frames and source lines and none of ours."""
 
 from __future__ import annotations
 
+import errno
 import os
 import textwrap
 import threading
@@ -114,6 +115,29 @@ def test_return_after_closing_every_inherited_descriptor_is_explained() -> None:
     with pytest.raises(RankFailedError, match="connection to the launcher") as info:
         closes.distributed()
     assert info.value.rank == 0
+
+
+@pytest.mark.fresh_launcher
+def test_a_bad_descriptor_after_closing_every_inherited_descriptor_is_explained(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The function closed the rank's connection, then sent on it: its OSError keeps its type,
+    and says what closed the descriptor and what to do."""
+
+    @distributed(gpus=2, tracking=False)
+    def closes_then_sends() -> int:
+        if runtime.get_global_rank() == 1:
+            os.closerange(3, 4096)
+            runtime.send_to_caller("progress", 1)
+        return 1
+
+    with pytest.raises(OSError, match="Bad file descriptor") as info:
+        closes_then_sends.distributed()
+    assert info.value.errno == errno.EBADF
+    said = "the function closed file descriptors it did not open"
+    assert any(said in note for note in getattr(info.value, "__notes__", [said]))
+    out = capsys.readouterr().out
+    assert f"rank 1 raised OSError: [Errno 9] Bad file descriptor ({said}" in out
 
 
 class BrokenStr(Exception):

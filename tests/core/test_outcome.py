@@ -189,3 +189,16 @@ def test_run_finished_is_built_only_by_its_named_constructors() -> None:
         if path != Path(events.__file__) and re.search(r"(?<![.\w])RunFinished\(", path.read_text())
     }
     assert built == set()
+
+
+def test_ranks_that_never_started_the_function_are_not_said_to_be_running() -> None:
+    never = timeout_sentence(5, (), (0, 1, 2, 3))
+    assert never.startswith(
+        "exceeded its timeout of 5 s before any rank started the function: ranks 0, 1, 2, 3 "
+        "were still starting (waiting for their devices"
+    ), never
+    assert "still running" not in never
+    some = timeout_sentence(5, (0,), (1,))
+    assert some.startswith("exceeded its timeout of 5 s; ranks still running: 0; ranks 1 were ")
+    error = DistributedTimeoutError(5, (), starting=(0, 1), run_dir=None)
+    assert "before any rank started the function" in str(error)

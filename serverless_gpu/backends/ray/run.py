@@ -32,6 +32,7 @@ from serverless_gpu.backends.ray.standby import ActorSet, Shape, Standby, releas
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.common import settings
 from serverless_gpu.common.errors import RankFailure, timeout_sentence
+from serverless_gpu.common.timeout_words import ranks_timeout
 from serverless_gpu.rank.warm_group import GroupPlan
 from serverless_gpu.runfiles.serialization import dump_to_file
 from serverless_gpu.wire.env import group_env
@@ -459,8 +460,7 @@ class RayRun:
         if self.ask_reason is not None:
             return self.ask_reason
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            running = [r.rank for r in self.ranks if r.state in LIVE]
-            return timeout_sentence(self.ctx.timeout or 0.0, running)
+            return ranks_timeout(self.ctx.timeout or 0.0, ((r.rank, r.state) for r in self.ranks))
         return None
 
     def _stop_status(self) -> RunStatus:

@@ -52,12 +52,57 @@ def waiting_text(ray: Any, asked: list[dict[str, float]]) -> str:
     free = float(ray.available_resources().get(main, 0.0))
     text = (
         f"waiting for the Ray cluster: {len(asked)} ranks of {fmt_resources(one)} requested, "
-        f"{free:g} {main} free"
+        f"{free:g} {main} free" + _missing(ray, len(asked), one, main)
     )
     report = autoscaler_report(ray)
     if report is None:
         return text + "; no autoscaler to add nodes"
     return text + f"; {pending_nodes(report)} nodes pending (autoscaler)"
+
+
+def _missing(ray: Any, ranks: int, one: dict[str, float], main: str) -> str:
+    """What the free total hides: a rank's bundle must fit on one node, so free resources
+    spread over nodes hold fewer ranks than they add up to; where they do hold every rank,
+    Ray is placing them (behind other reservations, if any). "" where the total says it all,
+    or where Ray does not say (a client connection)."""
+    from serverless_gpu.backends.ray.placement import fmt_resources
+
+    try:
+        from ray._private import state
+
+        per_node: dict[str, dict[str, float]] = state.available_resources_per_node()
+    except Exception:  # a Ray without it, or a client connection: the total is all there is
+        return ""
+    fits = sum(_fits(free, one) for free in per_node.values())
+    if fits < ranks and _fits(ray.available_resources(), one) <= fits:
+        return ""  # too little free in all: the total says so
+    if fits < ranks:
+        spread = "; ".join(
+            f"node {node[:8]}: {float(free.get(main, 0.0)):g} {main}"
+            for node, free in sorted(per_node.items())
+            if free.get(main, 0.0) > 0
+        )
+        return (
+            f", but room for only {fits}: each rank needs {fmt_resources(one)} on one node, and "
+            f"the free {main} is spread over nodes ({spread or 'none'})"
+        )
+    ahead = _pending_groups() - 1
+    behind = f" behind {ahead} other pending placement group(s)" if ahead > 0 else ""
+    return f", room for all {ranks} now: Ray is placing them{behind}"
+
+
+def _fits(free: dict[str, float], one: dict[str, float]) -> int:
+    """How many bundles ``one`` fit into one node's free resources."""
+    return min(int(free.get(k, 0.0) // v) for k, v in one.items() if v > 0)
+
+
+def _pending_groups() -> int:
+    try:
+        from ray.util.placement_group import placement_group_table
+
+        return sum(1 for g in placement_group_table().values() if g.get("state") == "PENDING")
+    except Exception:
+        return 0
 
 
 def never_fits(ray: Any, asked: list[dict[str, float]]) -> str | None:
