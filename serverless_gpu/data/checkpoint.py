@@ -23,11 +23,10 @@ import dataclasses
 import io
 import os
 import pickle
-import re
 import secrets
 import tempfile
-from collections.abc import Callable, Generator
-from contextlib import contextmanager, suppress
+from collections.abc import Generator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from serverless_gpu.data import checkpoint_faults, dcp_read
+from serverless_gpu.data import checkpoint_faults, dcp_read, stale_parts
 from serverless_gpu.data._fs import is_local
 from serverless_gpu.data.errors import (
     CorruptCheckpointError,
@@ -54,15 +53,11 @@ from serverless_gpu.data.errors import (
 )
 from serverless_gpu.data.piecewise import open_piecewise
 from serverless_gpu.data.shard_checksums import ATTR, ReadCrc, TrailingCrc, crc32_of, recorded
+from serverless_gpu.runfiles.private_dirs import not_planted
 
 __all__ = ["METADATA", "UCVolumeReader", "UCVolumeWriter", "VolumeReader", "VolumeWriter"]
 
 METADATA = ".metadata"
-_TORN = re.compile(r"\..+?\.(?:(\d+)\.)?[0-9a-f]{8}\.part")
-"""A shard staged beside its final name (``create_stream``, local destinations), named after
-the pid of the process that staged it (none in the names of older versions)."""
-_STAGED = re.compile(r"dcp-(\d+)-[0-9a-f]{16}\.part")
-"""A shard staged for upload, named after the pid of the process that staged it."""
 
 
 class _StagedFileSystem(_TorchFsspecFileSystem):
@@ -126,42 +121,19 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
         (those of processes that no longer exist); only before any rank of this save writes
         (the coordinator's global plan)."""
         if self.fs is not None and is_local(self.fs):
-            folder = self._local(checkpoint)
-            _unlink_matching(folder, _TORN, lambda m: m[1] is None or not _alive(int(m[1])))
+            stale_parts.drop_torn(self._local(checkpoint))
 
     def drop_orphans(self) -> None:
         """Delete the shards that processes which no longer exist staged for upload."""
-        _unlink_matching(Path(self.staging_dir), _STAGED, lambda m: not _alive(int(m.group(1))))
+        stale_parts.drop_staged(Path(self.staging_dir))
+
+    def check_not_planted(self, path: str | os.PathLike[str]) -> None:
+        if self.fs is not None and is_local(self.fs):
+            not_planted(self._local(path), "the checkpoint path", "checkpoint")
 
     def _local(self, path: str | os.PathLike[str]) -> Path:
         assert self.fs is not None
         return Path(self.fs._strip_protocol(os.fspath(path)))
-
-
-def _unlink_matching(
-    folder: Path,
-    pattern: re.Pattern[str],
-    stale: Callable[[re.Match[str]], bool] = lambda match: True,
-) -> None:
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:  # not there yet: nothing was left
-        return
-    for entry in entries:
-        match = pattern.fullmatch(entry.name)
-        if match and stale(match):
-            with suppress(OSError):  # another user's file in a shared temp dir, or gone
-                os.unlink(entry.path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 class VolumeWriter(FsspecWriter):
@@ -196,9 +168,12 @@ class VolumeWriter(FsspecWriter):
         self.path = self.fs.init_path(path)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        """Each rank, before it writes: the files a killed save staged for upload go."""
+        """Each rank, before it writes: staged files of killed saves go; the step folder
+        (torch makes it here) must be ours."""
         self._staged.drop_orphans()
-        return super().prepare_local_plan(plan)
+        plan = super().prepare_local_plan(plan)
+        self._staged.check_not_planted(self.path)
+        return plan
 
     def write_data(self, plan: SavePlan, planner: Any) -> Future[list[WriteResult]]:
         """torch's, then each item's storage record notes its shard's size and crc32 (see

@@ -16,7 +16,13 @@ from pathlib import Path
 
 from serverless_gpu.common.errors import ConfigurationError
 
-__all__ = ["PrivateDirError", "default_private_dir", "private_dir", "private_subdir"]
+__all__ = [
+    "PrivateDirError",
+    "default_private_dir",
+    "not_planted",
+    "private_dir",
+    "private_subdir",
+]
 
 
 class PrivateDirError(ConfigurationError):
@@ -109,6 +115,19 @@ def private_subdir(root: Path, parts: list[str], setting: str, what: str) -> Pat
             )
         _check_owner(folder, st, setting, what, PrivateDirError)
     return folder
+
+
+def not_planted(folder: Path, setting: str, what: str) -> None:
+    """A folder we are about to write into, which the user named but which may sit in a place
+    others can write to: refused when it, or a link at its place, is another user's (their
+    link or folder would receive our files). A folder that does not exist yet passes."""
+    try:
+        st = os.lstat(folder)
+        reached = os.stat(folder) if stat.S_ISLNK(st.st_mode) else st
+    except FileNotFoundError:  # not made yet, or a dangling link: made or refused by mkdir
+        return
+    _check_owner(folder, st, setting, what, PrivateDirError)
+    _check_owner(folder, reached, setting, what, PrivateDirError)
 
 
 def _check_owner(
