@@ -1,0 +1,112 @@
+"""The one owner of a session rank's default process group: it applies ``group_state``'s
+table after every cell and before a cell that must re-form the group.
+
+What each action does with torch:
+
+* ``ABORT``: the group is shut now (``ProcessGroup.shutdown``/``abort``, then destroyed), not at
+  the session's end, so a peer blocked in a collective gets "connection closed" at once.
+* ``RELEASE``: the pre-formed group's hand-over (``warm_group``'s ``init``/``destroy`` wrappers)
+  is dropped, and what it deferred is shut: from now on the user's ``init_process_group`` is
+  torch's own, as in a session that never had a group.
+* ``FORM``: the next generation on a ``FileStore`` in the session folder (no port, no
+  listener), the same backend and device as before.
+
+After a re-form, torch objects the cells kept (DDP, FSDP, a ``ProcessGroup``) still hold the old
+group: rank 0 names them in one line, and they are left as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any
+
+from serverless_gpu.rank import runtime, warm_group
+from serverless_gpu.rank.group_state import GroupAction, GroupEvent, GroupState, cell_ended, step
+
+
+class GroupOwner:
+    def __init__(self, session_dir: str, rank: int, world: int) -> None:
+        self.session_dir = session_dir
+        self.rank = rank
+        self.world = world
+        self.state = GroupState.PRE_FORMED if warm_group.pre_formed() else GroupState.NONE
+        if self.state is GroupState.NONE:
+            warm_group.release()  # no hand-over: the user's functions are torch's own
+        self.old: Any = None
+        """The group shut by the last ``ABORT`` (to find who still holds it)."""
+
+    def cell_ended(self, failed: bool) -> None:
+        self._apply(cell_ended(failed, group_up()))
+        warm_group.flush_deferred()  # what the cell destroyed is shut at its end
+
+    def reform(self, generation: int) -> None:
+        self._apply(GroupEvent.REFORM)
+        try:
+            self._form(generation)
+        except BaseException:
+            self._apply(GroupEvent.REFORM_FAILED)
+            raise
+        self._apply(GroupEvent.REFORMED)
+
+    def _apply(self, event: GroupEvent) -> None:
+        self.state, action = step(self.state, event)
+        if action is GroupAction.ABORT:
+            self.old = _default_group()
+            abort()
+        elif action is GroupAction.RELEASE:
+            warm_group.release()
+
+    def _form(self, generation: int) -> None:
+        import torch.distributed as dist
+
+        abort()
+        warm_group.release()
+        store = dist.FileStore(f"{self.session_dir}/group-{generation}", self.world)
+        kwargs: dict[str, Any] = {}
+        if not runtime.is_cpu_mode():
+            import torch
+
+            torch.cuda.set_device(runtime.get_local_rank())
+            kwargs["device_id"] = runtime.device()
+        backend = "gloo" if runtime.is_cpu_mode() else "nccl"
+        dist.init_process_group(
+            backend, store=store, rank=self.rank, world_size=self.world, **kwargs
+        )
+
+    def holders(self, namespace: dict[str, Any]) -> list[str]:
+        """Names in ``namespace`` whose object holds the group shut by the last abort."""
+        old = self.old
+        if old is None:
+            return []
+        found = []
+        for name, value in namespace.items():
+            if name.startswith("_"):
+                continue
+            held = value if value is old else getattr(value, "process_group", None)
+            if held is old:
+                found.append(f"{name} ({type(value).__name__})")
+        return found
+
+
+def group_up() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _default_group() -> Any:
+    if not group_up():
+        return None
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_group()
+
+
+def abort() -> None:
+    """Shut the default group now (a deferred shutdown would keep its connections open)."""
+    group = _default_group()
+    if group is None:
+        return
+    with contextlib.suppress(Exception):
+        group.abort()
+    warm_group.finish()
