@@ -81,7 +81,8 @@ def step(state: GroupState, event: GroupEvent) -> tuple[GroupState, GroupAction]
     try:
         return TABLE[(state, event)]
     except KeyError:
-        raise ValueError(f"process group: {event.value} is not possible when {state.value}") from None
+        why = f"process group: {event.value} is not possible when {state.value}"
+        raise ValueError(why) from None
 
 
 def cell_ended(failed: bool, group_up: bool) -> GroupEvent:

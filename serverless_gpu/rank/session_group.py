@@ -26,15 +26,16 @@ from serverless_gpu.rank.group_state import GroupAction, GroupEvent, GroupState,
 
 
 class GroupOwner:
-    def __init__(self, session_dir: str, rank: int, world: int) -> None:
+    def __init__(self, session_dir: str, rank: int, world: int, namespace: dict[str, Any]) -> None:
         self.session_dir = session_dir
+        self.namespace = namespace
         self.rank = rank
         self.world = world
         self.state = GroupState.PRE_FORMED if warm_group.pre_formed() else GroupState.NONE
         if self.state is GroupState.NONE:
             warm_group.release()  # no hand-over: the user's functions are torch's own
-        self.old: Any = None
-        """The group shut by the last ``ABORT`` (to find who still holds it)."""
+        self.held: list[str] = []
+        """The cells' names whose objects hold the group shut by the last ``ABORT``."""
 
     def cell_ended(self, failed: bool) -> None:
         self._apply(cell_ended(failed, group_up()))
@@ -52,7 +53,7 @@ class GroupOwner:
     def _apply(self, event: GroupEvent) -> None:
         self.state, action = step(self.state, event)
         if action is GroupAction.ABORT:
-            self.old = _default_group()
+            self.held = holders(self.namespace, _default_group())
             abort()
         elif action is GroupAction.RELEASE:
             warm_group.release()
@@ -74,19 +75,20 @@ class GroupOwner:
             backend, store=store, rank=self.rank, world_size=self.world, **kwargs
         )
 
-    def holders(self, namespace: dict[str, Any]) -> list[str]:
-        """Names in ``namespace`` whose object holds the group shut by the last abort."""
-        old = self.old
-        if old is None:
-            return []
-        found = []
-        for name, value in namespace.items():
-            if name.startswith("_"):
-                continue
-            held = value if value is old else getattr(value, "process_group", None)
-            if held is old:
-                found.append(f"{name} ({type(value).__name__})")
-        return found
+
+def holders(namespace: dict[str, Any], group: Any) -> list[str]:
+    """Names in ``namespace`` whose object is ``group`` or holds it (DDP, FSDP:
+    ``.process_group``). No reference is kept: the last one gone closes its connections."""
+    if group is None:
+        return []
+    found = []
+    for name, value in namespace.items():
+        if name.startswith("_"):
+            continue
+        held = value if value is group else getattr(value, "process_group", None)
+        if held is group:
+            found.append(f"{name} ({type(value).__name__})")
+    return found
 
 
 def group_up() -> bool:

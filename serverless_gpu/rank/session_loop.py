@@ -11,8 +11,8 @@ interrupt never lands in the middle of a message to the launcher.
 from __future__ import annotations
 
 import ast
-import contextlib
 import builtins
+import contextlib
 import io
 import os
 import pickle
@@ -29,8 +29,8 @@ import cloudpickle
 from serverless_gpu.common import settings, sources
 from serverless_gpu.common.errors import RAISED, exception_message
 from serverless_gpu.rank import runtime
-from serverless_gpu.rank.session_group import GroupOwner, group_up
 from serverless_gpu.rank.main import error_record, hide_frames_of, qualified_type
+from serverless_gpu.rank.session_group import GroupOwner, group_up
 from serverless_gpu.runfiles.serialization import dump_result, load_payload, load_result
 from serverless_gpu.wire.session import (
     CELL_DONE,
@@ -68,7 +68,7 @@ class _Rank:
         """Cells interrupted before they started."""
         self.lock = threading.Lock()
         self.main = threading.main_thread().ident or 0
-        self.group = GroupOwner(session_dir, self.rank, self.world)
+        self.group = GroupOwner(session_dir, self.rank, self.world, self.namespace)
         """The one owner of the rank's default process group (``rank/session_group.py``)."""
 
     # -- the reader thread -----------------------------------------------------------------
@@ -192,7 +192,7 @@ class _Rank:
     def reform(self, generation: int) -> None:
         """A new default group on a file store of this generation: the broken one is gone."""
         self.group.reform(generation)
-        held = self.group.holders(self.namespace) if self.rank == 0 else []
+        held = self.group.held if self.rank == 0 else []
         if self.rank == 0:
             runtime.send_to_caller(GROUP_NOTE, (generation, tuple(held)))
 
