@@ -27,7 +27,10 @@ from serverless_gpu import CancelledError, RankFailedError, Session, SessionEnde
 FAULTS = ("raise", "peer-raises", "interrupt", "cancel-in-collective", "destroy-reinit", "death")
 PEER_FREED_S = 3.0
 """A peer blocked in a collective is freed within this (plus a cell's round trip)."""
-WORLD = 2
+WORLD = int(os.environ.get("SESSION_MATRIX_WORLD", "2"))
+"""Ranks per session (``scripts/session_nccl_check.py``: one per visible GPU, at most 2)."""
+PEER_FAULTS = ("peer-raises", "cancel-in-collective")
+"""Faults that need a peer: skipped (and said so) with one rank."""
 
 
 def _rank() -> int:
@@ -48,12 +51,13 @@ def _init_code(device: str) -> str:
 
 
 class Matrix:
-    def __init__(self, situation: str, device: str, gpu_type: str, ranks_per_gpu: bool) -> None:
+    def __init__(self, situation: str, device: str) -> None:
         self.situation = situation
         self.device = device
-        self.gpu_type = gpu_type
-        self.same_gpu = ranks_per_gpu
+        self.gpu_type: str | None = None if device == "cuda" else "cpu"
+        # .item(): a CUDA collective is asynchronous, a peer waits for its value
         self.tensor = "torch.ones(1, device=dev)"
+        self.value = "t.item()"
 
     def say(self, origin: str, fault: str, ok: bool, detail: str, took: float) -> None:
         case = {
@@ -105,7 +109,8 @@ class Matrix:
 
     def check(self, sess: Session) -> None:
         """The namespace kept, and an all-reduce right."""
-        got = list(sess.exec(f"t = {self.tensor}\ndist.all_reduce(t)\n(t.item(), keep['rank'])"))
+        code = f"t = {self.tensor}\ndist.all_reduce(t)\n({self.value}, keep['rank'])"
+        got = list(sess.exec(code))
         want = [(float(WORLD), r) for r in range(WORLD)]
         assert got == want, f"check cell gave {got}, wanted {want}"
 
@@ -119,7 +124,10 @@ class Matrix:
 
     def fault_peer_raises(self, sess: Session) -> str:
         start = time.monotonic()
-        code = f"if r == 1:\n    raise ValueError('boom')\nt = {self.tensor}\ndist.all_reduce(t)"
+        code = (
+            f"if r == 1:\n    raise ValueError('boom')\n"
+            f"t = {self.tensor}\ndist.all_reduce(t)\n{self.value}"
+        )
         _expect(ValueError, lambda: sess.start_exec(code).result(timeout=60))
         took = time.monotonic() - start
         assert took <= PEER_FREED_S + 2.0, f"the peer was freed after {took:.1f} s"
@@ -137,7 +145,7 @@ class Matrix:
     def fault_cancel_in_collective(self, sess: Session) -> str:
         code = (
             "print('entered', flush=True)\n"
-            f"if r == 0:\n    t = {self.tensor}\n    dist.all_reduce(t)\n"
+            f"if r == 0:\n    t = {self.tensor}\n    dist.all_reduce(t)\n    {self.value}\n"
             "else:\n    time.sleep(60)"
         )
         handle = sess.start_exec(code)
@@ -158,7 +166,10 @@ class Matrix:
         return "3 rounds"
 
     def fault_death(self, sess: Session) -> str:
-        code = f"if r == 1:\n    os._exit(3)\nt = {self.tensor}\ndist.all_reduce(t)"
+        code = (
+            f"if r == {WORLD - 1}:\n    os._exit(3)\n"
+            f"t = {self.tensor}\ndist.all_reduce(t)\n{self.value}"
+        )
         _expect(RankFailedError, lambda: sess.start_exec(code).result(timeout=60))
         assert not sess.alive, "the session lives on without its rank"
         _expect(SessionEndedError, lambda: sess.exec("1"))
@@ -182,6 +193,9 @@ class Matrix:
         if not sess.alive:
             self.say(origin, fault, False, "the session had ended before", 0.0)
             return
+        if WORLD == 1 and fault in PEER_FAULTS:
+            self.say(origin, fault, True, "skipped: one rank has no peer", 0.0)
+            return
         try:
             detail, ok = self.run_fault(sess, fault), True
         except Exception as exc:
@@ -203,8 +217,9 @@ def _entered(sess: Session) -> None:
     """Both ranks are in the cell (bounded)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if all(sess.handle.logs(r).count("entered") > _entered_before(sess, r) for r in range(2)):
-            _seen[id(sess)] = {r: sess.handle.logs(r).count("entered") for r in range(2)}
+        ranks = range(WORLD)
+        if all(sess.handle.logs(r).count("entered") > _entered_before(sess, r) for r in ranks):
+            _seen[id(sess)] = {r: sess.handle.logs(r).count("entered") for r in ranks}
             return
         time.sleep(0.05)
     raise AssertionError("the ranks did not enter the cell within 30 s")
@@ -217,7 +232,7 @@ def _entered_before(sess: Session, rank: int) -> int:
     return _seen.get(id(sess), {}).get(rank, 0)
 
 
-def _wait_prewarmed(gpu_type: str) -> None:
+def _wait_prewarmed(gpu_type: str | None) -> None:
     """A standby set of the session's shape with its group formed (``%load_ext``'s warm-up,
     or what the call or session before left)."""
     from serverless_gpu.api.decorator import _prewarm
@@ -247,8 +262,7 @@ def _standby_count(psutil: Any) -> int:
 def main(argv: list[str]) -> int:
     situation, origins = argv[0], argv[1].split(",")
     device = "cuda" if "--device" in argv and argv[argv.index("--device") + 1] == "cuda" else "cpu"
-    gpu_type = os.environ.get("SERVERLESS_GPU_TYPE", "cpu") if device == "cuda" else "cpu"
-    matrix = Matrix(situation, device, gpu_type, False)
+    matrix = Matrix(situation, device)
     matrix.prepare()
     for origin in origins:
         matrix.run(origin)
