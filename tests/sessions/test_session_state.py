@@ -165,3 +165,9 @@ def test_stacks_show_where_a_running_cell_is(sess: Session) -> None:
     with pytest.raises(CancelledError):
         handle.result(timeout=10)
     assert sess.alive
+
+
+@pytest.mark.parametrize("name", ["1x", "", "a-b", "class"])
+def test_push_refuses_names_that_are_not_identifiers(sess: Session, name: str) -> None:
+    with pytest.raises(ValueError, match="not a Python identifier"):
+        sess.push(**{name: 1})
