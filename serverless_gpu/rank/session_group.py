@@ -18,6 +18,7 @@ group: rank 0 names them in one line, and they are left as they are.
 from __future__ import annotations
 
 import contextlib
+import socket
 import sys
 from typing import Any
 
@@ -34,6 +35,7 @@ class GroupOwner:
         self.state = GroupState.PRE_FORMED if warm_group.pre_formed() else GroupState.NONE
         if self.state is GroupState.NONE:
             warm_group.release()  # no hand-over: the user's functions are torch's own
+        _store_on_loopback()
         self.held: list[str] = []
         """The cells' names whose objects hold the group shut by the last ``ABORT``."""
 
@@ -89,6 +91,39 @@ def holders(namespace: dict[str, Any], group: Any) -> list[str]:
         if held is group:
             found.append(f"{name} ({type(value).__name__})")
     return found
+
+
+def _store_on_loopback() -> None:
+    """The store the user's ``init_process_group`` makes (``env://``, ``tcp://``) listens on
+    127.0.0.1 when that is its address, not on every interface: torch's ``TCPStore`` has no
+    authentication and a session's may idle for hours. Every rank of a session is local."""
+    rendezvous = sys.modules.get("torch.distributed.rendezvous")
+    real = getattr(rendezvous, "_create_c10d_store", None)
+    if real is None or getattr(real, "_loopback", False):
+        return
+
+    def create(hostname: str, port: int, rank: int, world_size: int, *rest: Any) -> Any:
+        if rank != 0 or hostname not in _LOOPBACK or not 0 < port < 2**16:
+            return real(hostname, port, rank, world_size, *rest)
+        import torch.distributed as dist
+
+        listener = socket.create_server(("127.0.0.1", port), backlog=world_size + 16)
+        # the store's server owns the socket from here (it closes it with the store)
+        return dist.TCPStore(
+            hostname,
+            port,
+            world_size,
+            True,
+            timeout=rest[0],
+            multi_tenant=True,
+            master_listen_fd=listener.detach(),
+        )
+
+    create._loopback = True  # type: ignore[attr-defined]
+    rendezvous._create_c10d_store = create  # type: ignore[union-attr]
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def group_up() -> bool:
