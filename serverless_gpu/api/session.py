@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import keyword
 import pickle
 import threading
 import time
@@ -146,6 +147,9 @@ class Session:
     def push(self, **values: Any) -> None:
         """Set these names in every rank's namespace (tensors arrive on the CPU, mapped)."""
         __tracebackhide__ = True
+        bad = [repr(n) for n in values if not n.isidentifier() or keyword.iskeyword(n)]
+        if bad:  # a cell could never name it
+            raise ValueError(f"cannot push {', '.join(bad)}: not a Python identifier")
         self.core.check_alive()
         path = self.core.results_dir / f"push-{self.core._next:04d}.pkl"
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import io
 import os
 import pickle
@@ -27,8 +28,9 @@ import cloudpickle
 
 from serverless_gpu.common import settings, sources
 from serverless_gpu.common.errors import RAISED, exception_message
-from serverless_gpu.rank import runtime, warm_group
+from serverless_gpu.rank import runtime
 from serverless_gpu.rank.main import error_record, hide_frames_of, qualified_type
+from serverless_gpu.rank.session_group import GroupOwner, group_up
 from serverless_gpu.runfiles.serialization import dump_result, load_payload, load_result
 from serverless_gpu.wire.session import (
     CELL_DONE,
@@ -66,6 +68,8 @@ class _Rank:
         """Cells interrupted before they started."""
         self.lock = threading.Lock()
         self.main = threading.main_thread().ident or 0
+        self.group = GroupOwner(session_dir, self.rank, self.world, self.namespace)
+        """The one owner of the rank's default process group (``rank/session_group.py``)."""
 
     # -- the reader thread -----------------------------------------------------------------
 
@@ -122,14 +126,20 @@ class _Rank:
                     self.running = 0
                     self.finished = request.number
                     self.cancelled.discard(request.number)
+            self.group.cell_ended(failed=False)
             return self.answer(request, value)
         except BaseException as exc:  # the cell's failure, whatever it is, goes to the caller
             self.running = 0
-            record = error_record(self.rank, exc, RAISED, qualified_type(exc), _message(exc))
-            had_group = request.kind in (EXEC, RUN) and _has_group()
-            if had_group:  # the user's code may have left peers blocked in a collective:
-                _abort_group()  # they raise now, and the group is formed again next cell
-            return CellDone(request.number, error=record, group=had_group)
+            return self.failed(request, exc)
+
+    def failed(self, request: CellRequest, exc: BaseException) -> CellDone:
+        """The cell's error; a group that was up is shut now (peers blocked in a collective
+        raise) and the caller has every rank form the next generation before the next cell."""
+        record = error_record(self.rank, exc, RAISED, qualified_type(exc), _message(exc))
+        had_group = group_up()
+        with contextlib.suppress(Exception):
+            self.group.cell_ended(failed=True)
+        return CellDone(request.number, error=record, group=had_group)
 
     def run(self, request: CellRequest) -> Any:
         kind, data, ns = request.kind, request.data, self.namespace
@@ -157,7 +167,7 @@ class _Rank:
             request.number,
             value=inline,
             value_file=path,
-            group=_has_group(),
+            group=group_up(),
             names=names,
             peak_memory=_device_memory(),
         )
@@ -181,22 +191,10 @@ class _Rank:
 
     def reform(self, generation: int) -> None:
         """A new default group on a file store of this generation: the broken one is gone."""
-        import torch.distributed as dist
-
-        _abort_group()
-        store = dist.FileStore(f"{self.session_dir}/group-{generation}", self.world)
-        kwargs: dict[str, Any] = {}
-        if not runtime.is_cpu_mode():
-            import torch
-
-            torch.cuda.set_device(runtime.get_local_rank())
-            kwargs["device_id"] = runtime.device()
-        backend = "gloo" if runtime.is_cpu_mode() else "nccl"
-        dist.init_process_group(
-            backend, store=store, rank=self.rank, world_size=self.world, **kwargs
-        )
+        self.group.reform(generation)
+        held = self.group.held if self.rank == 0 else []
         if self.rank == 0:
-            runtime.send_to_caller(GROUP_NOTE, generation)
+            runtime.send_to_caller(GROUP_NOTE, (generation, tuple(held)))
 
 
 def run_code(code: str, filename: str, ns: dict[str, Any]) -> Any:
@@ -225,20 +223,6 @@ def with_namespace(fn: Any, ns: dict[str, Any]) -> Any:
 
 def _message(exc: BaseException) -> str:
     return exception_message(exc)
-
-
-def _has_group() -> bool:
-    dist = sys.modules.get("torch.distributed")
-    return bool(dist is not None and dist.is_available() and dist.is_initialized())
-
-
-def _abort_group() -> None:
-    """Shut the default group down now (a deferred shutdown would keep its connections)."""
-    if _has_group():
-        try:
-            warm_group.finish()
-        except Exception:  # a group already broken: nothing more to shut
-            pass
 
 
 def _holds_tensors(value: Any) -> bool:

@@ -155,13 +155,32 @@ def finish() -> None:
     still registered (a call need not destroy its group)."""
     import torch.distributed as dist
 
+    flush_deferred()
+    with contextlib.suppress(Exception):
+        if dist.is_initialized():
+            _real.get("destroy_process_group", dist.destroy_process_group)()
+
+
+def pre_formed() -> bool:
+    """The warm group is up and not taken yet: a session starts with it."""
+    return _plan is not None
+
+
+def flush_deferred() -> None:
+    """Shut what ``destroy_process_group`` deferred (a session: at each cell's end)."""
     for group in _deferred:
         with contextlib.suppress(Exception):
             group.shutdown()
     _deferred.clear()
-    with contextlib.suppress(Exception):
-        if dist.is_initialized():
-            _real.get("destroy_process_group", dist.destroy_process_group)()
+
+
+def release() -> None:
+    """A session's owner takes the group over: no hand-over to a later ``init_process_group``
+    (torch's own functions again), and what was deferred is shut now."""
+    global _plan
+    _plan = None
+    flush_deferred()
+    _uninstall()
 
 
 # -- what the call's torch.distributed calls meet ------------------------------------------------
@@ -280,6 +299,8 @@ def _install(names: tuple[str, ...] = ("init_process_group", "destroy_process_gr
 
 
 def _uninstall() -> None:
+    if not _real:
+        return
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 

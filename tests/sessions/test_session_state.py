@@ -165,3 +165,31 @@ def test_stacks_show_where_a_running_cell_is(sess: Session) -> None:
     with pytest.raises(CancelledError):
         handle.result(timeout=10)
     assert sess.alive
+
+
+@pytest.mark.parametrize("name", ["1x", "", "a-b", "class"])
+def test_push_refuses_names_that_are_not_identifiers(sess: Session, name: str) -> None:
+    with pytest.raises(ValueError, match="not a Python identifier"):
+        sess.push(**{name: 1})
+
+
+def test_the_users_group_store_listens_on_the_loopback_only(sess: Session) -> None:
+    # torch's TCPStore (no authentication) would listen on every interface for the session's
+    # whole idle life: every rank is local, so rank 0 binds it to 127.0.0.1.
+    import psutil
+
+    sess.exec(
+        "import torch.distributed as dist\n"
+        "if dist.is_initialized():\n"
+        "    dist.destroy_process_group()\n"
+        "dist.init_process_group('gloo')"  # env://: rank 0 serves a TCPStore on MASTER_PORT
+    )
+    pid = sess.exec("os.getpid()")[0]
+    port = int(sess.exec("os.environ['MASTER_PORT']")[0])
+    listening = [
+        c.laddr
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert {a.ip for a in listening if a.port == port} == {"127.0.0.1"}, listening
+    assert list(sess.exec("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()")) == [2.0, 2.0]

@@ -1,0 +1,111 @@
+"""The session fault matrix's NCCL half, on the GPUs this machine shows.
+
+    python scripts/session_nccl_check.py          # NCCL on the visible GPUs (2 ranks where 2+)
+    python scripts/session_nccl_check.py --cpu    # the same matrix with gloo on CPU ranks
+
+Every fault (a raise on every rank, one rank raising while its peer waits in an all-reduce, an
+interrupt, a cancel while a rank waits in a collective, destroy + init across cells, a rank's
+death) x where the session's group came from (formed ahead of the session by standby ranks;
+by the user's ``init_process_group`` in a cell; ``warm_process_group=False``) x the session's
+place in its process (the first; after a call; after another session). After each fault a cell
+checks the namespace and an all-reduce; a rank's death must end the session clearly.
+
+One rank per GPU: NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so with one GPU
+the sessions have one rank and the faults that need a peer are skipped (the table says so).
+Tracking is off and nothing here needs IPython or MLflow. Prints one table; exits 1 if any
+case failed. The driver is ``tests/sessions/session_matrix.py`` (the CPU half runs in CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DRIVER = REPO / "tests" / "sessions" / "session_matrix.py"
+RUNS = (
+    ("first", "pre-formed"),
+    ("first", "user"),
+    ("first", "no-warm"),
+    ("after-call", "pre-formed,user,no-warm"),
+    ("second", "pre-formed,user,no-warm"),
+)
+PER_RUN_S = 600
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _run(situation: str, origins: str, device: str, world: int, where: Path) -> list[dict]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["SESSION_MATRIX_WORLD"] = str(world)
+    env["SERVERLESS_GPU_RUNS_DIR"] = str(where / "runs")
+    env["SERVERLESS_GPU_WARMUP"] = "0"
+    if device == "cpu":
+        env["SERVERLESS_GPU_TYPE"] = "cpu"
+    argv = [sys.executable, str(DRIVER), situation, origins, "--device", device]
+    try:
+        done = subprocess.run(
+            argv, env=env, cwd=where, capture_output=True, text=True, timeout=PER_RUN_S
+        )
+        out, err = done.stdout, done.stderr
+    except subprocess.TimeoutExpired as exc:
+        out, err = _text(exc.stdout), f"timed out after {PER_RUN_S} s\n{_text(exc.stderr)}"
+    cases = [json.loads(x[5:]) for x in out.splitlines() if x.startswith("CASE ")]
+    missing = len(origins.split(",")) * 6 - len(cases)
+    if missing:
+        tail = "\n".join(err.strip().splitlines()[-15:])
+        cases.append({"situation": situation, "origin": origins, "fault": f"{missing} cases",
+                      "ok": False, "detail": f"did not run:\n{tail}", "s": 0.0})  # fmt: skip
+    return cases
+
+
+def _text(data: bytes | str | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+
+def _table(cases: list[dict]) -> str:
+    rows = [f"{'situation':<11} {'origin':<11} {'fault':<21} {'ok':<4} {'s':>6}  detail"]
+    for c in cases:
+        ok = "ok" if c["ok"] else "FAIL"
+        detail = str(c["detail"]).replace("\n", " | ")[:160]
+        rows.append(
+            f"{c['situation']:<11} {c['origin']:<11} {c['fault']:<21} {ok:<4} {c['s']:>6}  {detail}"
+        )
+    return "\n".join(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cpu", action="store_true", help="gloo on CPU ranks (no GPU needed)")
+    args = parser.parse_args()
+    device = "cpu" if args.cpu else "cuda"
+    world = 2 if args.cpu else min(2, _gpus())
+    if world < 1:
+        print("no GPU visible: run with --cpu for the gloo half", file=sys.stderr)
+        return 2
+    print(f"session fault matrix: {device}, {world} rank(s) per session", flush=True)
+    start = time.monotonic()
+    cases: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="session-matrix-") as tmp:
+        for situation, origins in RUNS:
+            cases += _run(situation, origins, device, world, Path(tmp))
+    print(_table(cases))
+    failed = [c for c in cases if not c["ok"]]
+    took = time.monotonic() - start
+    print(f"{len(cases) - len(failed)} of {len(cases)} cases ok in {took:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

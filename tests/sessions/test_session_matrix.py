@@ -1,0 +1,43 @@
+"""The session fault matrix: every fault x where the group came from x the session's place in its
+process, each fault followed by a cell that checks the namespace and an all-reduce (rank death:
+a clear end). One caller process per situation runs ``session_matrix.py``; the regressions
+it guards: a session whose ranks start with the group formed could not recover from a failed,
+interrupted or cancelled cell ("Process group cannot be None"), nor from a destroy and a later
+init."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import session_matrix
+from procs import run_script
+
+RUNS = (
+    ("first", "pre-formed"),
+    ("first", "user"),
+    ("first", "no-warm"),
+    ("after-call", "pre-formed,user,no-warm"),
+    ("second", "pre-formed,user,no-warm"),
+)
+DRIVER = Path(session_matrix.__file__).read_text()
+
+
+def _cases(situation: str, origins: str, tmp_path: Path) -> list[dict[str, object]]:
+    env = {"SERVERLESS_GPU_TYPE": "cpu", "SERVERLESS_GPU_RUNS_DIR": str(tmp_path / "runs")}
+
+    done = run_script(DRIVER, situation, origins, env={**os.environ, **env}, cwd=tmp_path)
+    cases = [json.loads(x[5:]) for x in done.stdout.splitlines() if x.startswith("CASE ")]
+    want = len(origins.split(",")) * len(session_matrix.FAULTS)
+    assert len(cases) == want, f"{len(cases)} of {want} cases ran:\n{done.stdout}\n{done.stderr}"
+    return cases
+
+
+@pytest.mark.parametrize(("situation", "origins"), RUNS, ids=[f"{s}-{o}" for s, o in RUNS])
+def test_every_fault_leaves_a_working_session(situation: str, origins: str, tmp_path: Path) -> None:
+    cases = _cases(situation, origins, tmp_path)
+    failed = [c for c in cases if not c["ok"]]
+    table = "\n".join(f"{c['origin']:>10} {c['fault']:>20}: {c['detail']}" for c in failed)
+    assert not failed, f"{len(failed)} of {len(cases)} cases failed ({situation}):\n{table}"
