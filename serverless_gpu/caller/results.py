@@ -94,7 +94,9 @@ def _run_exception(
     run_dir = paths.run_dir
     if finished.status is RunStatus.TIMED_OUT and not ranks and finished.message:
         # no rank ever started: it timed out in the queue, and the launcher says who held what
-        return DistributedTimeoutError(timeout or 0.0, (), run_dir=run_dir, reason=finished.message)
+        exc = DistributedTimeoutError(timeout or 0.0, (), run_dir=run_dir)
+        exc.args = (f"distributed call {finished.message}",)
+        return exc
     if finished.status is RunStatus.TIMED_OUT:
         return timeout_error(
             timeout or 0.0,

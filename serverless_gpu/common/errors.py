@@ -318,9 +318,8 @@ class DistributedTimeoutError(CallerError, TimeoutError):
         stacks: dict[int, str] | None = None,
         where: dict[int, str] | None = None,
         stacks_dir: Path | None = None,
-        reason: str = "",
     ) -> None:
-        text = f"distributed call {reason or timeout_sentence(timeout, running_ranks)}"
+        text = f"distributed call {timeout_sentence(timeout, running_ranks)}"
         if where:
             text += "\nwhere each rank was (main thread) when the timeout struck:"
             text += "".join(f"\n  rank {r}: {line}" for r, line in sorted(where.items()))
