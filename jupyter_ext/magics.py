@@ -120,6 +120,11 @@ class DistributedMagics(Magics):
         shell = self.shell
         assert shell is not None
         options = session_magic.session_options(args)
+        plain = magic_args.parse(self.distributed, f"--session {args.session}")
+        defaults = session_magic.session_options(plain)
+        session_magic.check_same(
+            args.session, {k: v for k, v in options.items() if v != defaults.get(k)}
+        )
         quiet = cell.rstrip().endswith(";")
         try:
             result = _reporting(

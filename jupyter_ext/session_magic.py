@@ -45,6 +45,22 @@ def session_options(args: Any) -> dict[str, Any]:
     }
 
 
+def check_same(name: str, given: dict[str, Any]) -> None:
+    """A later cell's options (those it gives) must be the session's: its ranks are running."""
+    known = _sessions.get(name)
+    if known is None:
+        return
+    differ = [k for k, v in given.items() if known[1].get(k) != v and k != "run_name"]
+    if differ:
+        now = ", ".join(f"{k}={known[1].get(k)!r}" for k in differ)
+        asked = ", ".join(f"{k}={given[k]!r}" for k in differ)
+        raise UsageError(
+            f"session {name!r} runs with {now}; this cell asks for {asked}. To start it again "
+            f"with these (its state is lost): %distributed_session stop {name}, then run this "
+            "cell again; or leave the options out to use the session as it is"
+        )
+
+
 def get_or_start(name: str, options: dict[str, Any]) -> Session:
     known = _sessions.get(name)
     if known is not None:

@@ -19,6 +19,7 @@ from serverless_gpu.wire.events import (
     RanksSilent,
     RankState,
     RunFinished,
+    RunQueued,
     RunStarted,
     RunWaiting,
 )
@@ -65,6 +66,8 @@ class ConsolePrinter:
             self._write(f"serverless_gpu: rank {event.rank} {event.state} ({how})\n")
         elif isinstance(event, RanksSilent) and event.ranks:
             self._write(f"serverless_gpu: warning: {warning_text(event)} (handle.stacks()).\n")
+        elif isinstance(event, RunQueued) and event.holders:
+            self._write(f"serverless_gpu: queued: {event.holders}\n")
         elif isinstance(event, RunWaiting) and event.message:
             self._write(f"serverless_gpu: {event.message}\n")
         elif isinstance(event, RunFinished):

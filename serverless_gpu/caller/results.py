@@ -83,6 +83,11 @@ def failure_exception(
     failure on it (:func:`errors.failures_of`). ``started``: the ranks that reached the
     function (None: not known, every unfinished rank reads as running)."""
     failures = tuple(_located(f, ranks, stderr_tails, paths) for f in finished.failures)
+    if finished.status is RunStatus.TIMED_OUT and not ranks and finished.message:
+        # no rank ever started: it timed out in the queue, and the launcher says who held what
+        exc = DistributedTimeoutError(timeout or 0.0, (), run_dir=paths.run_dir)
+        exc.args = (f"distributed call {finished.message}",)
+        return exc
     if finished.status is RunStatus.TIMED_OUT:
         unfinished = finished.unfinished_ranks
         size = max([len(ranks), *(r + 1 for r in unfinished)])

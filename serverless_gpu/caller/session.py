@@ -31,6 +31,7 @@ from serverless_gpu.runfiles.serialization import load_result
 from serverless_gpu.wire.events import Event, RankMessage, RankStarted
 from serverless_gpu.wire.session import (
     CELL_DONE,
+    GROUP_NOTE,
     CellDone,
     CellRequest,
     CloseSession,
@@ -40,6 +41,8 @@ from serverless_gpu.wire.session import (
 )
 
 _CLOSE_WAIT_S = 10.0
+_CLOSE_MARGIN_S = 1.0
+"""``close()`` waits the session's grace and this for the ranks to end before it stops them."""
 _KEPT_CELLS = 100
 
 
@@ -102,6 +105,14 @@ class SessionRun:
             self.memory[event.rank] = done.peak_memory
             if event.rank == 0 and done.error is None:
                 self.names = frozenset(done.names)
+        if isinstance(event, RankMessage) and event.kind == GROUP_NOTE and event.rank == 0:
+            held = event.data[1] if isinstance(event.data, tuple) else ()
+            if held:
+                self._say(
+                    f"session {self.name!r}: {', '.join(held)} still hold the process group "
+                    "before the re-form; they are kept as they are: build them again to use "
+                    "the new group"
+                )
 
     # -- cells -------------------------------------------------------------------------------
 
@@ -281,7 +292,20 @@ class SessionRun:
             return "its ranks are gone"
         if finished.status.value == "succeeded":
             return "it was closed"
+        if finished.status.value == "timed_out":
+            return self._timeout_reason()
         return finished.message or finished.status.value
+
+    def _timeout_reason(self) -> str:
+        """A session's ``timeout`` bounds its whole life: say whether a cell or idling used it."""
+        timeout = self.handle.context.spec.timeout or 0.0
+        running = [n for n, c in self._cells.items() if len(c.answers) < self.world]
+        when = (
+            f"during cell {running[0]}"
+            if running
+            else f"while it was idle (after cell {self._next - 1})"
+        )
+        return f"its timeout of {timeout:g} s passed {when}; a session's timeout bounds its life"
 
     def _say(self, text: str) -> None:
         print(f"serverless_gpu: {text}", flush=True)
@@ -292,8 +316,11 @@ class SessionRun:
 
     def close(self) -> None:
         if self.alive:
+            for number, cell in list(self._cells.items()):  # a running cell is interrupted,
+                if len(cell.answers) < self.world:  # so the ranks read the close at once
+                    self._broadcast(Interrupt(number))
             self._broadcast(CloseSession())
-            if not self.handle.wait(_CLOSE_WAIT_S):
+            if not self.handle.wait(self.grace + _CLOSE_MARGIN_S):
                 self.handle.cancel("the session was closed", force=True)
                 self.handle.wait(_CLOSE_WAIT_S)
             self.ended = "it was closed"

@@ -15,6 +15,7 @@ from typing import Any
 
 from serverless_gpu.launcher_process.allocation import Allocator, devices_of
 from serverless_gpu.launcher_process.log import log_exception
+from serverless_gpu.launcher_process.queue_wait import QueueClock, holders
 from serverless_gpu.launcher_process.rank_handle import RankProcess
 from serverless_gpu.launcher_process.standby import RankSet, Standby, fork_set
 from serverless_gpu.launcher_process.supervisor import RunSupervisor
@@ -45,6 +46,7 @@ class Admission:
         self.runs: dict[str, RunSupervisor] = {}
         self.standby = Standby()
         self.allocator = Allocator()
+        self.clock = QueueClock()
         self.results_dirs: deque[Path] = deque(maxlen=256)
         """tmpfs folders of this caller's runs: deleted at shutdown in case the caller died
         before it could (the caller deletes each once it has loaded the results)."""
@@ -59,7 +61,9 @@ class Admission:
             self.results_dirs.append(spec.paths.results_dir)
         admitted = self.allocator.admit(spec)
         if admitted is None:
-            self.emit(RunQueued(spec.run_id, self.allocator.position(spec), time.time()))
+            self.clock.queued(spec)
+            held = holders(spec, (r.spec for r in self.runs.values()))
+            self.emit(RunQueued(spec.run_id, self.allocator.position(spec), time.time(), held))
             return
         self._launch(admitted)
 
@@ -78,9 +82,21 @@ class Admission:
         while self.allocator.queue:
             self.end_queued(self.allocator.queue.popleft().run_id, reason)
 
+    def expire_queued(self) -> None:
+        """A queued run whose timeout passed while it waited ends, saying who holds what."""
+        for spec in self.clock.overdue(self.allocator.queue):
+            held = holders(spec, (r.spec for r in self.runs.values()))
+            self.allocator.dequeue(spec.run_id)
+            self.clock.since.pop(spec.run_id, None)
+            reason = f"timed out after {spec.timeout:g} s waiting for devices: {held}"
+            self.emit(
+                RunFinished.stopped(spec.run_id, RunStatus.TIMED_OUT, reason, (), time.time())
+            )
+
     def start_queued(self, ended_run_id: str) -> None:
         """Free the devices of a run that ended (or never started); start who can now."""
         for spec in self.allocator.release(ended_run_id):
+            spec = self.clock.leaving(spec)
             try:
                 self._launch(spec)
             except Exception as exc:

@@ -102,6 +102,7 @@ class LauncherLoop:
                 if run.finished and run.all_exited:
                     self._close_run(run)
             self.admission.unhold()
+            self.admission.expire_queued()
             self.standby.reap()
             reaping.reap_orphans(self.runs.values(), self.standby)
             self._report_groups()

@@ -113,6 +113,8 @@ class RunQueued:
     ahead: int
     """Runs waiting before this one."""
     time: float
+    holders: str = ""
+    """Who holds the devices it waits for (``session 's' holds CPU slots 0, 1``)."""
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ class Matrix:
             f"if r == 1:\n    raise ValueError('boom')\n"
             f"t = {self.tensor}\ndist.all_reduce(t)\n{self.value}"
         )
-        _expect(ValueError, lambda: sess.start_exec(code).result(timeout=60))
+        _expect(ValueError, lambda: sess.start_exec(code).result(timeout=30))
         took = time.monotonic() - start
         assert took <= PEER_FREED_S + 2.0, f"the peer was freed after {took:.1f} s"
         self.check(sess)
@@ -170,7 +170,7 @@ class Matrix:
             f"if r == {WORLD - 1}:\n    os._exit(3)\n"
             f"t = {self.tensor}\ndist.all_reduce(t)\n{self.value}"
         )
-        _expect(RankFailedError, lambda: sess.start_exec(code).result(timeout=60))
+        _expect(RankFailedError, lambda: sess.start_exec(code).result(timeout=30))
         assert not sess.alive, "the session lives on without its rank"
         _expect(SessionEndedError, lambda: sess.exec("1"))
         return "ended"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
 from eventually import eventually
 from procs import launcher_family
@@ -46,3 +49,19 @@ def test_the_warm_group_is_the_sessions_group(module_launcher: None, cwd: None) 
         total = sess.exec("import torch\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
         assert list(total) == [2.0, 2.0]
         assert list(sess.exec("dist.is_initialized()")) == [True, True]
+
+
+def test_a_call_queued_behind_a_session_says_who_holds_what_and_times_out(
+    module_launcher: None, cwd: None, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.setenv("SERVERLESS_GPU_CPU_SLOTS", "2")
+    with Session(gpus=2, gpu_type="cpu", tracking=False, name="s") as sess:
+        sess.exec("x = 1")
+        call = distributed(gpus=2, gpu_type="cpu", tracking=False, standby=False, timeout=2)(_rank)
+        start = time.monotonic()
+        with pytest.raises(Exception, match=r"session 's' holds CPU slots 0, 1") as info:
+            call.start().result(timeout=30)
+        assert time.monotonic() - start < 15, "the wait was not counted in the timeout"
+        assert "timed out after 2 s waiting for devices" in str(info.value)
+        assert "queued: session 's' holds CPU slots 0, 1" in capsys.readouterr().out
+        assert sess.exec("x") == [1, 1]

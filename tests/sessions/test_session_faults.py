@@ -88,3 +88,33 @@ def test_the_callers_end_leaves_no_rank(how: str, tmp_path: os.PathLike[str]) ->
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("PIDS ")] or [done.stderr]
     pids = [int(p) for p in line.split()[1:]]
     assert not wait_gone(pids, 10.0)
+
+
+def test_an_idle_sessions_timeout_says_it_was_idle(module_launcher: None, cwd: None) -> None:
+    session = Session(gpus=2, gpu_type="cpu", tracking=False, name="brief", timeout=2, grace=1.0)
+    try:
+        session.exec("x = 1")
+        eventually(lambda: not session.alive, "the session's timeout ends it", timeout=30)
+        with pytest.raises(SessionEndedError) as info:
+            session.exec("x")
+        text = str(info.value)
+        assert "still running" not in text
+        assert "timeout of 2 s passed while it was idle (after cell 1)" in text
+    finally:
+        session.close()
+
+
+def test_close_from_another_thread_honours_the_grace(fresh: Session) -> None:
+    import threading
+    import time
+
+    fresh.start_exec("import time\nprint('entered', flush=True)\ntime.sleep(60)")
+    for rank in (0, 1):
+        eventually(lambda r=rank: "entered" in fresh.handle.logs(r), f"rank {rank} in the cell")
+    start = time.monotonic()
+    closer = threading.Thread(target=fresh.close)
+    closer.start()
+    closer.join(30)
+    took = time.monotonic() - start
+    assert not fresh.alive
+    assert took < 8.0, f"close() took {took:.1f} s with a grace of 1 s"  # was 10 s and more

@@ -193,3 +193,20 @@ def test_the_users_group_store_listens_on_the_loopback_only(sess: Session) -> No
     ]
     assert {a.ip for a in listening if a.port == port} == {"127.0.0.1"}, listening
     assert list(sess.exec("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()")) == [2.0, 2.0]
+
+
+def test_a_model_holding_the_old_group_is_named_after_a_re_form(
+    sess: Session, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sess.exec(
+        "import torch.distributed as dist\n"
+        "if not dist.is_initialized():\n"
+        "    dist.init_process_group('gloo')\n"
+        "ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))"
+    )
+    with pytest.raises(NameError):
+        sess.exec("undefined_name")
+    assert list(sess.exec("t = torch.ones(1)\ndist.all_reduce(t)\nt.item()")) == [2.0, 2.0]
+    out = capsys.readouterr().out
+    assert "ddp (DistributedDataParallel) still hold the process group" in out
+    assert sess.exec("type(ddp).__name__") == ["DistributedDataParallel"] * 2
