@@ -2,6 +2,7 @@
 
     python scripts/session_nccl_check.py          # NCCL on the visible GPUs (2 ranks where 2+)
     python scripts/session_nccl_check.py --cpu    # the same matrix with gloo on CPU ranks
+    python scripts/session_nccl_check.py --cpu --ranks 16   # 16 CPU ranks per session
 
 Every fault (a raise on every rank, one rank raising while its peer waits in an all-reduce, an
 interrupt, a cancel while a rank waits in a collective, destroy + init across cells, a rank's
@@ -89,9 +90,10 @@ def _table(cases: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu", action="store_true", help="gloo on CPU ranks (no GPU needed)")
+    parser.add_argument("--ranks", type=int, default=None, help="ranks per session (CPU mode)")
     args = parser.parse_args()
     device = "cpu" if args.cpu else "cuda"
-    world = 2 if args.cpu else min(2, _gpus())
+    world = args.ranks or (2 if args.cpu else min(2, _gpus()))
     if world < 1:
         print("no GPU visible: run with --cpu for the gloo half", file=sys.stderr)
         return 2
