@@ -50,7 +50,7 @@ class PiecewiseFileIO(io.FileIO):
         self._written = 0
         self._on_written = on_written
         """Told the bytes written so far every :data:`WRITE_BEHIND` bytes (a checksum that
-        trails the writer: ``shard_checksums.TrailingCrc``)."""
+        trails the writer: ``shard_checksums.TrailingSum``)."""
 
     def write(self, b: Any, /) -> int:
         view = memoryview(b).cast("B")
