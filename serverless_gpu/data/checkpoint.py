@@ -57,7 +57,7 @@ from serverless_gpu.data.shard_checksums import (
     ATTR,
     ReadSum,
     Recorded,
-    TrailingSum,
+    WrittenSum,
     algorithm,
     check,
     checked,
@@ -109,13 +109,13 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
         else:
             os.makedirs(self.staging_dir, exist_ok=True)
             staged = Path(self.staging_dir) / f"dcp-{os.getpid()}-{secrets.token_hex(8)}.part"
-        trailing = TrailingSum(staged, algorithm()) if self.checksums is not None else None
+        summed = WrittenSum(algorithm()) if self.checksums is not None else None
         try:
-            written = trailing.wrote if trailing is not None else None
-            with open_piecewise(staged, mode, write_behind=True, on_written=written) as stream:
+            shown = summed.wrote if summed is not None else None
+            with open_piecewise(staged, mode, write_behind=True, on_bytes=shown) as stream:
                 yield stream
-            if trailing is not None and self.checksums is not None:
-                self.checksums[Path(os.fspath(path)).name] = trailing.result(staged.stat().st_size)
+            if summed is not None and self.checksums is not None:
+                self.checksums[Path(os.fspath(path)).name] = summed.result(staged)
             if is_local(self.fs):
                 os.replace(staged, final)
             else:
@@ -126,8 +126,6 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
                 raise
             raise better from exc
         finally:
-            if trailing is not None:
-                trailing.close()
             staged.unlink(missing_ok=True)
 
     def drop_torn(self, checkpoint: str | os.PathLike[str]) -> None:

@@ -200,3 +200,18 @@ def test_a_second_writer_of_one_step(tmp_path: Path) -> None:
         dcp.save({"other": _OtherWriter(path)}, storage_writer=VolumeWriter(path))
     assert "of this save was deleted while it was written" in str(raised.value)
     assert f"another save into {path} ran at the same time" in str(raised.value)
+
+
+def test_a_shard_written_out_of_order_is_summed_from_the_file(tmp_path: Path) -> None:
+    """The sum is taken from the bytes as written; a seek back makes it re-read the file."""
+    from serverless_gpu.data.piecewise import open_piecewise
+    from serverless_gpu.data.shard_checksums import WrittenSum, algorithm, sum_of
+
+    path = tmp_path / "shard"
+    summed = WrittenSum(algorithm())
+    with open_piecewise(path, "wb", on_bytes=summed.wrote) as stream:
+        stream.write(b"a" * 1000)
+        stream.seek(10)
+        stream.write(b"b" * 10)
+    with path.open("rb") as whole:
+        assert summed.result(path) == sum_of(whole, algorithm())
