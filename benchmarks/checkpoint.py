@@ -11,8 +11,9 @@ same drop, as one process (the disk's ceiling), in every round beside the writer
 disk's rate drifts from minute to minute, so each ratio is taken between steps of the same
 round, and the table gives medians over the rounds (``--reps``, default 3; each step first in
 one of them). The atomic publish's cost is ``VolumeWriter.finish`` (``.metadata`` written,
-then renamed), as a share of the save. The per-shard crc32 (recorded on save, checked on load)
-costs what ``VolumeWriter / VolumeReader`` loses to the same without it, in the same rounds.
+then renamed), as a share of the save. The per-shard checksum (XXH3-64 with ``xxhash``
+installed, else crc32; recorded on save, checked on load) costs what
+``VolumeWriter / VolumeReader`` loses to the same without it, in the same rounds.
 
     PYTHONPATH=. .venv/bin/python benchmarks/checkpoint.py           # 256 MiB, quick
     PYTHONPATH=. .venv/bin/python benchmarks/checkpoint.py --full    # 1 GiB and 4 GiB
@@ -59,7 +60,7 @@ def drop_cached(folder: Path) -> None:
 DD = "dd (1 process)"
 OURS = "VolumeWriter / VolumeReader"
 UNCHECKED = "VolumeWriter / VolumeReader, no checksum"
-"""The same without the per-shard crc32 (``checksums=False`` / ``verify=False``): its cost."""
+"""The same without the per-shard checksum (``checksums=False`` / ``verify=False``): its cost."""
 
 
 def save_load(root: str, state: dict[str, Any], nbytes: int, reps: int = 3) -> dict[str, Any]:

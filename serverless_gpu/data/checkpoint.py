@@ -52,7 +52,16 @@ from serverless_gpu.data.errors import (
     VolumeReadError,
 )
 from serverless_gpu.data.piecewise import open_piecewise
-from serverless_gpu.data.shard_checksums import ATTR, ReadCrc, TrailingCrc, crc32_of, recorded
+from serverless_gpu.data.shard_checksums import (
+    ATTR,
+    ReadSum,
+    Recorded,
+    WrittenSum,
+    algorithm,
+    check,
+    checked,
+    sum_of,
+)
 from serverless_gpu.runfiles.private_dirs import not_planted
 
 __all__ = ["METADATA", "UCVolumeReader", "UCVolumeWriter", "VolumeReader", "VolumeWriter"]
@@ -72,8 +81,8 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
         # reset in a forked child, so a DataLoader forking its workers meanwhile would hand
         # them a lock nobody releases (their queue threads name sockets with tempfile).
         self.staging_dir = staging_dir if staging_dir is not None else tempfile.gettempdir()
-        self.checksums: dict[str, tuple[int, int]] | None = None
-        """Each shard's ``(size, crc32)`` by file name, as written (``None``: not summed)."""
+        self.checksums: dict[str, Recorded] | None = None
+        """Each shard's size and checksum by file name, as written (``None``: not summed)."""
 
     def init_path(self, path: str | os.PathLike[str], **kwargs: Any) -> str | os.PathLike[str]:
         self.fs, _ = url_to_fs(os.fspath(path), **(kwargs or self.storage_options))
@@ -95,13 +104,13 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
         else:
             os.makedirs(self.staging_dir, exist_ok=True)
             staged = Path(self.staging_dir) / f"dcp-{os.getpid()}-{secrets.token_hex(8)}.part"
-        crc = TrailingCrc(staged) if self.checksums is not None else None
+        summed = WrittenSum(algorithm()) if self.checksums is not None else None
         try:
-            written = crc.wrote if crc is not None else None
-            with open_piecewise(staged, mode, write_behind=True, on_written=written) as stream:
+            shown = summed.wrote if summed is not None else None
+            with open_piecewise(staged, mode, write_behind=True, on_bytes=shown) as stream:
                 yield stream
-            if crc is not None and self.checksums is not None:
-                self.checksums[Path(os.fspath(path)).name] = crc.result(staged.stat().st_size)
+            if summed is not None and self.checksums is not None:
+                self.checksums[Path(os.fspath(path)).name] = summed.result(staged)
             if is_local(self.fs):
                 os.replace(staged, final)
             else:
@@ -112,8 +121,6 @@ class _StagedFileSystem(_TorchFsspecFileSystem):
                 raise
             raise better from exc
         finally:
-            if crc is not None:
-                crc.close()
             staged.unlink(missing_ok=True)
 
     def drop_torn(self, checkpoint: str | os.PathLike[str]) -> None:
@@ -144,7 +151,7 @@ class VolumeWriter(FsspecWriter):
         path: checkpoint directory (``/ckpt/step_000100``, ``s3://bucket/run/step_000100``).
         storage_options: fsspec options (e.g. ``{"endpoint_url": ...}``).
         staging_dir: local directory for shards before upload (default: the temp dir).
-        checksums: record each shard's size and crc32 in ``.metadata``, for
+        checksums: record each shard's size and checksum in ``.metadata``, for
             :class:`VolumeReader` and :func:`latest_checkpoint` to check.
         **kwargs: torch ``FileSystemWriter`` options (``thread_count``, ``overwrite``...).
     """
@@ -176,7 +183,7 @@ class VolumeWriter(FsspecWriter):
         return plan
 
     def write_data(self, plan: SavePlan, planner: Any) -> Future[list[WriteResult]]:
-        """torch's, then each item's storage record notes its shard's size and crc32 (see
+        """torch's, then each item's storage record notes its shard's size and checksum (see
         :mod:`~serverless_gpu.data.shard_checksums`); torch completes the future before it
         returns it."""
         done = super().write_data(plan, planner)
@@ -185,7 +192,7 @@ class VolumeWriter(FsspecWriter):
             for result in done.wait():
                 found = sums.get(getattr(result.storage_data, "relative_path", ""))
                 if found is not None:
-                    setattr(result.storage_data, ATTR, found)
+                    setattr(result.storage_data, ATTR, tuple(found))  # torch needs not us
         return done
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
@@ -203,7 +210,7 @@ class VolumeReader(FsspecReader):
     """DCP ``StorageReader`` for a checkpoint written by :class:`VolumeWriter` (``dcp.load``).
 
     Raises :class:`IncompleteCheckpointError` when the directory has no ``.metadata``, and
-    :class:`CorruptCheckpointError` when a shard does not match the size and crc32 recorded
+    :class:`CorruptCheckpointError` when a shard does not match the size and checksum recorded
     when it was saved (``verify=False`` loads it anyway; a shard with none is not checked).
     """
 
@@ -277,9 +284,9 @@ class VolumeReader(FsspecReader):
         shard = self.fs.concat_path(self.path, relative_path)
         large = any(info[r.storage_index].length >= dcp_read.DirectFile.MIN_BYTES for r in reqs)
         direct = self._direct_file(shard) if large else None
-        want = recorded(info[reqs[0].storage_index]) if self.verify else None
+        want = checked(info[reqs[0].storage_index]) if self.verify else None
         gaps = self._staged.fs.open(os.fspath(shard), "rb") if want else None  # type: ignore[union-attr]
-        summed = ReadCrc(partial(_read_at, gaps)) if gaps is not None else None
+        summed = ReadSum(partial(_read_at, gaps), want.algorithm) if want else None
         try:
             # Asked before any byte of the shard is read: reading an item's header makes
             # the kernel read ahead into its bytes.
@@ -298,7 +305,7 @@ class VolumeReader(FsspecReader):
                     direct_file = direct if cold else None
                     dcp_read.place(stream, found, item, planner, staging, direct_file, seen)
             if summed is not None and want is not None:
-                _check_sum(os.fspath(shard), self.path, summed.finish(want[0]), want)
+                check(os.fspath(shard), self.path, summed.finish(want[0]), want)
         finally:
             if direct is not None:
                 direct.close()
@@ -337,35 +344,21 @@ class VolumeReader(FsspecReader):
                 )
 
     def check_checksums(self) -> None:
-        """Read each shard whose size and crc32 ``.metadata`` records, and raise
+        """Read each shard whose size and checksum ``.metadata`` records, and raise
         :class:`CorruptCheckpointError` naming the first that differs."""
-        want = {info.relative_path: recorded(info) for info in self.storage_data.values()}
+        want = {info.relative_path: checked(info) for info in self.storage_data.values()}
         fs = self._staged.fs
         assert fs is not None  # set by init_path
         for relpath, sums in sorted(want.items()):
             if sums is not None:
                 shard = os.fspath(self.fs.concat_path(self.path, relpath))
                 with fs.open(shard, "rb") as stream:
-                    _check_sum(shard, self.path, crc32_of(stream), sums)
+                    check(shard, self.path, sum_of(stream, sums.algorithm), sums)
 
 
 def _read_at(stream: Any, view: memoryview, offset: int) -> int:
     stream.seek(offset)
     return int(stream.readinto(view) or 0)
-
-
-def _check_sum(
-    shard: str, checkpoint: str | os.PathLike[str], found: tuple[int, int], want: tuple[int, int]
-) -> None:
-    if found != want:
-        step = os.fspath(checkpoint).rstrip("/").rsplit("/", 1)[-1]
-        raise CorruptCheckpointError(
-            f"checkpoint shard {shard} of step {step} does not match what was saved "
-            f"({found[0]} bytes, crc32 {found[1]:08x}; saved: {want[0]} bytes, crc32 "
-            f"{want[1]:08x}): its bytes changed after the save. Load an earlier step "
-            "(latest_checkpoint passes over damaged ones), or pass verify=False to "
-            "VolumeReader to load it as it is"
-        )
 
 
 UCVolumeWriter = VolumeWriter

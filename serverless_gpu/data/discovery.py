@@ -40,7 +40,7 @@ def latest_checkpoint(
 
     Only sub-directories with a ``.metadata`` count (interrupted saves are ignored). With
     ``verify`` (the default) a step is also passed over, with a warning, when its ``.metadata``
-    cannot be read or a shard does not match the size and crc32 recorded when it was saved
+    cannot be read or a shard does not match the size and checksum recorded when it was saved
     (this reads the step's shards: the load that follows finds them in the page cache). "Newest":
     directories whose name ends in a number (``step_000123``, ``ckpt-7``) are ordered by that
     number and rank above names without one; ties and unnumbered names are ordered by the

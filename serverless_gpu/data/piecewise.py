@@ -42,15 +42,14 @@ class PiecewiseFileIO(io.FileIO):
         mode: str,
         *,
         write_behind: bool = False,
-        on_written: Callable[[int], None] | None = None,
+        on_bytes: Callable[[int, memoryview], None] | None = None,
     ) -> None:
         super().__init__(file, mode)
+        self._on_bytes = on_bytes
+        """Shown each piece just written, at its offset (while hot in the CPU's cache)."""
+        self._at = 0
         self._start_writeback = _sync_file_range() if write_behind else None
         self._unflushed = 0
-        self._written = 0
-        self._on_written = on_written
-        """Told the bytes written so far every :data:`WRITE_BEHIND` bytes (a checksum that
-        trails the writer: ``shard_checksums.TrailingCrc``)."""
 
     def write(self, b: Any, /) -> int:
         view = memoryview(b).cast("B")
@@ -59,17 +58,21 @@ class PiecewiseFileIO(io.FileIO):
             written = super().write(view[done : done + PIECE])
             if not written:  # a non-blocking descriptor that is full: what went, as FileIO does
                 return done
+            if self._on_bytes is not None:
+                self._on_bytes(self._at, view[done : done + written])
+            self._at += written
             done += written
-            self._written += written
             self._unflushed += written
             if self._unflushed >= WRITE_BEHIND:
                 self._unflushed = 0
                 if self._start_writeback is not None:
                     # Offset 0, length 0: every dirty page of the file not already being written.
                     self._start_writeback(self.fileno(), 0, 0, _SYNC_FILE_RANGE_WRITE)
-                if self._on_written is not None:
-                    self._on_written(self._written)
         return done
+
+    def seek(self, pos: int, whence: int = 0, /) -> int:
+        self._at = super().seek(pos, whence)
+        return self._at
 
 
 @functools.cache
@@ -89,7 +92,7 @@ def open_piecewise(
     mode: str = "wb",
     *,
     write_behind: bool = False,
-    on_written: Callable[[int], None] | None = None,
+    on_bytes: Callable[[int, memoryview], None] | None = None,
 ) -> io.BufferedWriter:
     """A binary file open for writing (``mode`` ``"wb"``, ``"xb"`` or ``"ab"``; a descriptor
     is owned and closed by the file) whose writes reach the kernel in pieces; with
@@ -98,6 +101,9 @@ def open_piecewise(
         raise ValueError(f"open_piecewise opens binary files for writing only, not {mode!r}")
     target = file if isinstance(file, int) else os.fspath(file)
     raw = PiecewiseFileIO(
-        target, mode.replace("b", ""), write_behind=write_behind, on_written=on_written
+        target,
+        mode.replace("b", ""),
+        write_behind=write_behind,
+        on_bytes=on_bytes,
     )
     return io.BufferedWriter(raw, PIECE)
