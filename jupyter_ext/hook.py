@@ -116,6 +116,15 @@ def follow_unfinished(*_: Any) -> None:
             follow_handle(handle)
 
 
+def settle_records(*_: Any) -> None:
+    """``post_run_cell``: a table whose runs have all ended leaves its record now, while the
+    cell that waited on them is still the kernel's parent: a headless executor (nbclient,
+    papermill) saves what it receives before the cell's end and nothing after."""
+    for table in list(_tables.values()):
+        if not table.record and table.pump():
+            table.finish()
+
+
 def hooks_done(ctx: RunContext) -> None:
     """Run hook, last: tell the run's renderer that the launcher is what the run waits for."""
     entry = _recent.get(ctx.run_id)

@@ -214,7 +214,9 @@ def record_html(
     pending: dict[str, str] | None = None,
 ) -> str:
     """The finished run as static HTML: header, per-rank table, how far the ranks got, the
-    hang warning and stacks taken during the run, each rank's last lines."""
+    hang warning and stacks taken during the run, each rank's last lines. How to serve the
+    MLflow store only where ``pending`` says its link cannot open (a link that works needs no
+    help, and a shared notebook should not carry the store's local path)."""
     cell = '<td style="text-align:left;padding:1px 12px 1px 0;vertical-align:top">'
     head = "".join(
         f'<th style="text-align:left;padding:1px 12px 1px 0">{title}</th>'
@@ -237,7 +239,7 @@ def record_html(
         + _doctor(view, label)
         + "".join(_rank_tail(view, rank, tail) for rank in view.ranks)
         + f'<div style="{_MUTED}">full logs: <code>{logs}</code></div>'
-        + mlflow_hint_html(view)
+        + (mlflow_hint_html(view) if "mlflow" in (pending or {}) else "")
         + "</div>"
     )
 

@@ -20,6 +20,7 @@ from .hook import (
     follow_unfinished,
     hooks_done,
     render_run,
+    settle_records,
     shut_down_tables,
     widgets_wanted,
 )
@@ -42,6 +43,7 @@ class _Loaded:
         register_hook(hooks_done, order=HOOKS_DONE_ORDER)
         self.shell.observe(_stop_on_exit, names="exit_now")
         self.shell.events.register("post_run_cell", follow_unfinished)
+        self.shell.events.register("post_run_cell", settle_records)
         self.exceptions.install()
 
     def uninstall(self) -> None:
@@ -51,6 +53,8 @@ class _Loaded:
         self.shell.unobserve(_stop_on_exit, names="exit_now")
         with contextlib.suppress(ValueError):
             self.shell.events.unregister("post_run_cell", follow_unfinished)
+        with contextlib.suppress(ValueError):
+            self.shell.events.unregister("post_run_cell", settle_records)
         cell_magics = self.shell.magics_manager.magics.get("cell", {})
         for name in _MAGIC_NAMES:
             cell_magics.pop(name, None)
