@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +92,7 @@ def _short_run_links_the_live_ui(page: Any, shots: Path) -> str:
     run.screenshot(path=str(shots / "mlflow-live-header.png"))
     record = cell.locator(".sgpu-record")
     expect(record).to_contain_text("run succeeded", timeout=90 * MS)
-    # The run ended within seconds; once the UI serves the store, its record links it.
+    # The run ended within seconds; its record links the UI's address (known before it answers).
     expect(record.locator(MLFLOW_LINK)).to_have_count(1, timeout=150 * MS)
     expect(record.locator(".sgpu-link-pending")).to_have_count(0)
     link = record.locator(MLFLOW_LINK).get_attribute("href")
@@ -105,8 +107,11 @@ def _short_run_links_the_live_ui(page: Any, shots: Path) -> str:
 
 
 def _link_opens_the_runs_page(page: Any, link: str, shots: Path) -> None:
-    """Clicked as a user does: a new tab with the run in MLflow's "Model training" view."""
+    """Clicked as a user does: a new tab with the run in MLflow's "Model training" view (once
+    the UI answers: the record links its address from the run's end, while it may start)."""
     from playwright.sync_api import expect
+
+    assert wait_for(lambda: _answers(link.split("/#/")[0] + "/health"), 150)
 
     with page.context.expect_page(timeout=20 * MS) as opened:
         _cell(page, 1).locator(f".sgpu-record {MLFLOW_LINK}").click()
@@ -120,6 +125,14 @@ def _link_opens_the_runs_page(page: Any, link: str, shots: Path) -> None:
     expect(mlflow.get_by_role("link", name="Evaluations")).to_have_count(0)
     mlflow.screenshot(path=str(shots / "mlflow-run-page.png"))
     mlflow.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status) == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def _saved_record_after_restart(page: Any, link: str, shots: Path) -> None:

@@ -54,7 +54,7 @@ def test_session_cell_cancel_and_restart_in_jupyterlab(tmp_path: Path) -> None:
 
             lab._run_cell(page, 1)
             first = lab._cell(page, 1)
-            expect(first.locator(".sgpu-record")).to_contain_text("demo cell 1", timeout=90 * MS)
+            expect(first.locator(".sgpu-record")).to_contain_text("demo In[2]", timeout=90 * MS)
             expect(first.locator(".sgpu-record")).to_contain_text("rank 1 ready")
             expect(first).to_contain_text("Out[")
             pids = _pids(first.inner_text())
