@@ -10,6 +10,7 @@ from typing import Any
 
 import nbformat
 import pytest
+from jupyter_helpers import KernelFactory
 from nbclient import NotebookClient
 
 pytestmark = pytest.mark.timeout(240)
@@ -89,3 +90,13 @@ def test_no_saved_output_carries_a_local_path(saved: Any) -> None:
     outputs = str([cell.get("outputs", []) for cell in saved.cells])
     assert not re.search(r"/\S*/logs\b", outputs), outputs
     assert "serverless-gpu runs logs " in outputs  # how to read the logs instead
+
+
+def test_a_new_session_says_at_once_what_it_waits_for(make_kernel: KernelFactory) -> None:
+    kernel = make_kernel(SERVERLESS_GPU_DISPLAY="widget")
+    cell = kernel.start(START + "1")
+    assert kernel.collect(cell, 30, until=lambda: bool(cell.text))
+    first = cell.text[0]  # before the session's run (its MLflow run, the launcher) is made
+    assert "session 's' starting: 2 x cpu; waiting for the launcher" in first, cell.text
+    assert kernel.collect(cell, 120, until=lambda: cell.done)
+    assert "session 's' started (" in cell.all_text, cell.all_text
