@@ -17,6 +17,7 @@ from serverless_gpu.caller.hooks import register_hook, unregister_hook
 from .hook import (
     HOOKS_DONE_ORDER,
     RENDER_HOOK_ORDER,
+    cancel_running,
     follow_unfinished,
     hooks_done,
     render_run,
@@ -104,6 +105,7 @@ def _stop_on_exit(change: dict[str, Any]) -> None:
     if change["new"]:
         from serverless_gpu.api.shutdown import shutdown
 
+        cancel_running()  # before the launcher stops them for its own reason
         shutdown()
         # The runs have ended (or will within seconds): each runs table leaves its record
         # before the kernel exits, as a single run's widget does when its run ends.
