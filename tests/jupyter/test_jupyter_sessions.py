@@ -63,7 +63,7 @@ def test_session_cells_keep_state_and_show_every_rank(make_kernel: KernelFactory
     assert "Out[" in fresh.all_text and ": False" in fresh.all_text, fresh.all_text
 
     stopped = kernel.run("%distributed_session stop s")
-    assert "stopped" in stopped.all_text
+    assert stopped.all_text.strip() == "serverless_gpu: session 's' stopped", stopped.all_text
 
 
 @pytest.mark.timeout(180)
