@@ -101,8 +101,13 @@ def summary_text(view: RunView) -> str:
     for row in rows:
         cells = [row[i].ljust(widths[i]) for i in range(3)]
         lines.append("  " + "  ".join([*cells, row[3]]).rstrip())
-    lines.append(f"  logs: {view.paths.logs}")
+    lines.append(f"  logs: {logs_command(view)}")
     return "\n".join(lines)
+
+
+def logs_command(view: RunView) -> str:
+    """How to read the run's logs, by its id: the record says this, not a local path."""
+    return f"serverless-gpu runs logs {view.run_id}"
 
 
 def links_text(view: RunView) -> str:

@@ -27,6 +27,9 @@ run as starting at once. Links added later are drawn as they come (``ctx.links``
 HOOKS_DONE_ORDER = 1000
 """After every other hook: the run waits for the launcher next."""
 _KEEP_RECENT = 16
+KERNEL_SHUTDOWN = "the kernel shut down"
+"""Why the runs still going when the kernel exits end: their records say this, not the
+launcher's own reason for the runs it stops."""
 
 
 class Renderer(Protocol):
@@ -70,6 +73,8 @@ def render_run(ctx: RunContext) -> Renderer | None:
             print(f"serverless_gpu: no run widget ({type(exc).__name__}: {exc})")
     ctx.display_claimed = True
     _last_run[:] = [ctx]
+    _forget_ended()
+    _running[ctx.run_id] = ctx
     _recent[ctx.run_id] = (ctx.run_dir, renderer, _cell_count(shell))
     while len(_recent) > _KEEP_RECENT:
         _recent.popitem(last=False)
@@ -78,6 +83,8 @@ def render_run(ctx: RunContext) -> Renderer | None:
 
 _tables: dict[int, Any] = {}
 """The run table of each recent cell that started trials, by execution count."""
+_running: dict[str, RunContext] = {}
+"""Every run drawn here, until it ends (cancelled with :data:`KERNEL_SHUTDOWN` at exit)."""
 _unwaited: list[RunContext] = []
 """Runs drawn since the last cell ended: the ones still going then are followed."""
 
@@ -105,6 +112,23 @@ def shut_down_tables() -> None:
         table.shut_down(max(0.0, deadline - time.monotonic()))
 
 
+def _forget_ended() -> None:
+    for run_id, ctx in list(_running.items()):
+        handle = ctx.handle
+        if handle is not None and handle.finished is not None:
+            del _running[run_id]
+
+
+def cancel_running() -> None:
+    """The kernel is going away: the runs drawn here that have not ended are stopped, saying
+    so (force: nothing waits for them)."""
+    for ctx in list(_running.values()):
+        handle = ctx.handle
+        if handle is None or handle.finished is None:
+            ctx.cancel(KERNEL_SHUTDOWN, force=True)
+    _running.clear()
+
+
 def follow_unfinished(*_: Any) -> None:
     """``post_run_cell``: a run the cell started and did not wait for (``fn.start()``) keeps its
     widget updating from a background poll."""
@@ -114,6 +138,15 @@ def follow_unfinished(*_: Any) -> None:
         handle = _unwaited.pop().handle
         if handle is not None and not handle.done():
             follow_handle(handle)
+
+
+def settle_records(*_: Any) -> None:
+    """``post_run_cell``: a table whose runs have all ended leaves its record now, while the
+    cell that waited on them is still the kernel's parent: a headless executor (nbclient,
+    papermill) saves what it receives before the cell's end and nothing after."""
+    for table in list(_tables.values()):
+        if not table.record and table.pump():
+            table.finish()
 
 
 def hooks_done(ctx: RunContext) -> None:

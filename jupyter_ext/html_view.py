@@ -16,6 +16,7 @@ from .ansi import ansi_to_html, strip_ansi
 from .formatting import (
     final_line,
     hardware_label,
+    logs_command,
     rank_counts,
     rank_label,
     rank_status,
@@ -118,7 +119,7 @@ def header_html(
     progress = view.progress_line()
     if progress and not view.done:
         second.append(f'<span class="sgpu-progress">progress: {html.escape(progress)}</span>')
-    logs = html.escape(str(view.paths.logs))
+    logs = html.escape(logs_command(view))
     return (
         '<div class="sgpu-header" style="line-height:1.7">'
         + " &middot; ".join(parts)
@@ -214,7 +215,9 @@ def record_html(
     pending: dict[str, str] | None = None,
 ) -> str:
     """The finished run as static HTML: header, per-rank table, how far the ranks got, the
-    hang warning and stacks taken during the run, each rank's last lines."""
+    hang warning and stacks taken during the run, each rank's last lines. How to serve the
+    MLflow store only where ``pending`` says its link cannot open (a link that works needs no
+    help, and a shared notebook should not carry the store's local path)."""
     cell = '<td style="text-align:left;padding:1px 12px 1px 0;vertical-align:top">'
     head = "".join(
         f'<th style="text-align:left;padding:1px 12px 1px 0">{title}</th>'
@@ -226,7 +229,8 @@ def record_html(
         for r, (rank, state, duration, outcome) in zip(view.ranks, summary_rows(view), strict=True)
     )
     links = f" &middot; {_links(view, pending)}" if view.links else ""
-    logs = html.escape(str(view.paths.logs))
+    # A saved notebook carries no local path: the command finds the logs by the run's id.
+    logs = html.escape(logs_command(view))
     return (
         '<div class="sgpu-record" style="line-height:1.6">'
         f"<b>{html.escape(view.name)}</b> &middot; {html.escape(hardware_label(view))} &middot; "
@@ -237,8 +241,16 @@ def record_html(
         + _doctor(view, label)
         + "".join(_rank_tail(view, rank, tail) for rank in view.ranks)
         + f'<div style="{_MUTED}">full logs: <code>{logs}</code></div>'
-        + mlflow_hint_html(view)
+        + (mlflow_hint_html(view) if "mlflow" in (pending or {}) else "")
         + "</div>"
+    )
+
+
+def folded_record_html(line: str, record: str) -> str:
+    """A record that reads as one line (a quick session cell): the full record one click away."""
+    return (
+        f'<details class="sgpu-record sgpu-record-folded"><summary style="{_MUTED}">'
+        f"{html.escape(line)}</summary>{record}</details>"
     )
 
 

@@ -17,9 +17,11 @@ from serverless_gpu.caller.hooks import register_hook, unregister_hook
 from .hook import (
     HOOKS_DONE_ORDER,
     RENDER_HOOK_ORDER,
+    cancel_running,
     follow_unfinished,
     hooks_done,
     render_run,
+    settle_records,
     shut_down_tables,
     widgets_wanted,
 )
@@ -42,6 +44,7 @@ class _Loaded:
         register_hook(hooks_done, order=HOOKS_DONE_ORDER)
         self.shell.observe(_stop_on_exit, names="exit_now")
         self.shell.events.register("post_run_cell", follow_unfinished)
+        self.shell.events.register("post_run_cell", settle_records)
         self.exceptions.install()
 
     def uninstall(self) -> None:
@@ -51,6 +54,8 @@ class _Loaded:
         self.shell.unobserve(_stop_on_exit, names="exit_now")
         with contextlib.suppress(ValueError):
             self.shell.events.unregister("post_run_cell", follow_unfinished)
+        with contextlib.suppress(ValueError):
+            self.shell.events.unregister("post_run_cell", settle_records)
         cell_magics = self.shell.magics_manager.magics.get("cell", {})
         for name in _MAGIC_NAMES:
             cell_magics.pop(name, None)
@@ -100,6 +105,7 @@ def _stop_on_exit(change: dict[str, Any]) -> None:
     if change["new"]:
         from serverless_gpu.api.shutdown import shutdown
 
+        cancel_running()  # before the launcher stops them for its own reason
         shutdown()
         # The runs have ended (or will within seconds): each runs table leaves its record
         # before the kernel exits, as a single run's widget does when its run ends.

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from IPython.core.error import UsageError
 
 from serverless_gpu.api.decorator import DEFAULT_TIMEOUT
 from serverless_gpu.api.session import Session
+from serverless_gpu.caller.console import ConsolePrinter
 from serverless_gpu.caller.results import RunResult
 
 from .hook import widgets_wanted
@@ -77,22 +81,75 @@ def run_cell(
 ) -> RunResult[Any]:
     """Run ``cell`` in session ``name``; its per-rank values (shown as ``Out[n:rank]``)."""
     __tracebackhide__ = True
-    session = get_or_start(name, options)
+    widgets = widgets_wanted(shell)
+    session = _opened(name, options) if widgets else get_or_start(name, options)
     # One blank line for the magic's own line: tracebacks quote the cell's own line numbers.
     code = "\n" + cell
     names = _shipped(code, shell.user_ns, session)
     cell_handle = session.start_exec(code, filename=f"<%%distributed In[{count}]>", names=names)
-    if widgets_wanted(shell):
+    said = False  # whether the cell's folded record says the session's status
+    if widgets:
         from .session_view import run_with_widget
 
-        result = run_with_widget(shell, session, cell_handle)
+        result, said = run_with_widget(shell, session, cell_handle, count)
     else:
         result = cell_handle.result()
     if not quiet and any(v is not None for v in result):
         for rank, value in enumerate(result):
             print(f"Out[{count}:{rank}]: {value!r}")
-    print(f"serverless_gpu: {session.status_line()}")
+    if not said:
+        print(f"serverless_gpu: {session.status_line()}")
     return result
+
+
+def _opened(name: str, options: dict[str, Any]) -> Session:
+    """The session; one started here says at once what it waits for (the MLflow run and the
+    launcher take seconds), then how long it took. Its console printer is dropped: each cell's
+    widget shows the ranks' lines and the session's status."""
+    if name in _sessions:
+        return _sessions[name][0]
+    from IPython.display import display
+
+    gpus, kind = options.get("gpus") or 1, options.get("gpu_type") or "the default type"
+    awaited = "the MLflow run, the launcher" if options.get("tracking", True) else "the launcher"
+    line = display(
+        {
+            "text/plain": f"serverless_gpu: session {name!r} starting: {gpus} x {kind}; "
+            f"waiting for {awaited} and the ranks..."
+        },
+        raw=True,
+        display_id=True,
+    )
+    began = time.monotonic()
+    session = get_or_start(name, options)
+    _printers(session)
+    if line is not None:
+        took = time.monotonic() - began
+        line.update(
+            {"text/plain": f"serverless_gpu: session {name!r} started ({took:.1f} s)"}, raw=True
+        )
+    return session
+
+
+def _printers(session: Session) -> list[Any]:
+    """Unsubscribe the console printers of the session's run; returns them (to restore)."""
+    handle = session.core.handle
+    printers = [s for s in handle.subscribers if isinstance(s, ConsolePrinter)]
+    for printer in printers:
+        handle.unsubscribe(printer)
+    return printers
+
+
+@contextlib.contextmanager
+def _silent(session: Session) -> Iterator[None]:
+    """No console line while the session closes: its run's end is not a run's success
+    ("run succeeded"); the command says what happened in one line."""
+    printers = _printers(session)
+    try:
+        yield
+    finally:
+        for printer in printers:
+            session.core.handle.subscribe(printer)
 
 
 def _shipped(code: str, user_ns: dict[str, Any], session: Session) -> dict[str, Any]:
@@ -129,13 +186,19 @@ def session_command(line: str) -> None:
     if name not in _sessions:
         raise UsageError(f"no session named {name!r} (known: {', '.join(_sessions) or 'none'})")
     session, options = _sessions.pop(name)
-    session.close()
-    print(f"serverless_gpu: session {name!r} stopped")
-    if command == "restart":
+    with _silent(session):
+        session.close()
+    if command == "restart":  # one line: what the session is now
         fresh = get_or_start(name, options)
+        from IPython import get_ipython
+
+        if widgets_wanted(get_ipython()):
+            _printers(fresh)  # the cells' widgets show it; its start line would be a 2nd line
         print(
             f"serverless_gpu: session {name!r} restarted (a fresh namespace): {fresh.status_line()}"
         )
+    else:
+        print(f"serverless_gpu: session {name!r} stopped")
 
 
 def close_all() -> None:

@@ -1,9 +1,14 @@
 """A session cell drawn as a call is: the run widget (every rank's output live, Cancel,
 Stacks), replaced by a static record when the cell ends.
 
-The cell is shown as a run of its own (named ``<session> cell <n>``) fed from the session's
-event stream while the cell runs, begun and ended by events made here from the cell's
-outcome; the session's console printer stays quiet meanwhile (the widget shows the lines).
+The cell is shown as a run of its own (named ``<session> In[<n>]``, the notebook's execution
+count: the prompt and tracebacks use the same number) fed from the session's event stream while
+the cell runs, begun and ended by events made here from the cell's outcome; the session's
+console printer stays quiet meanwhile (the widget shows the lines).
+
+A quick cell that succeeds and printed nothing reads as ``%%px`` does: its record is one status
+line, the rank table folded under it; the ``Out[n:k]`` lines follow. Failures, cells that
+printed, drew progress or ran long keep the full record.
 """
 
 from __future__ import annotations
@@ -32,14 +37,37 @@ from serverless_gpu.wire.events import (
     RunStatus,
 )
 
+QUICK_S = 10.0
+"""A successful cell that ran shorter than this, printing nothing, gets the folded record."""
+
+
+def _renderer(ctx: RunContext, shell: Any) -> Any:
+    from . import html_view
+    from .widget import WidgetRenderer
+
+    class CellRenderer(WidgetRenderer):
+        compact = ""
+        """The record's one line when the cell reads best folded (set as it succeeds)."""
+
+        def _publish_record(self) -> None:
+            if not self.compact or self.view.status is not RunStatus.SUCCEEDED:
+                super()._publish_record()
+                return
+            full = html_view.record_html(self.view, label=self._label)
+            self.record = html_view.folded_record_html(self.compact, full)
+            if self._display is not None:
+                bundle = {"text/html": self.record, "text/plain": self.compact}
+                self._display.update(bundle, raw=True)
+
+    return CellRenderer(ctx, shell)
+
 
 class CellWidget:
-    def __init__(self, shell: Any, session: Session, cell: CellHandle) -> None:
-        from .widget import WidgetRenderer
-
+    def __init__(self, shell: Any, session: Session, cell: CellHandle, count: int) -> None:
         run = session.core
+        self.session = session
         self.handle = run.handle
-        spec = replace(self.handle.context.spec, name=f"{session.name} cell {cell.number}")
+        spec = replace(self.handle.context.spec, name=f"{session.name} In[{count}]")
         ctx = RunContext(spec)
         ctx.links.update(self.handle.context.links)
         ctx.metadata.update(self.handle.context.metadata)
@@ -48,7 +76,7 @@ class CellWidget:
         self.ctx = ctx
         self.run_id = spec.run_id
         self.world = run.world
-        self.renderer = WidgetRenderer(ctx, shell)
+        self.renderer = _renderer(ctx, shell)
         now = time.time()
         self.renderer(RunStarted.of(spec, now))
         for rank in range(self.world):
@@ -72,8 +100,19 @@ class CellWidget:
             for tick in ticks:
                 handle.idle_callbacks.remove(tick)
 
+    def quick(self, now: float) -> bool:
+        """Whether the cell reads best folded: short, silent, no progress, no warning."""
+        view = self.renderer.view
+        silent = all(r.line_count == 0 and not r.bar for r in view.ranks)
+        return silent and not view.hang_warning and now - view.started < QUICK_S
+
     def succeeded(self, values: list[Any]) -> None:
         now = time.time()
+        if self.quick(now):
+            took = f"{now - self.renderer.view.started:.1f} s"
+            self.renderer.compact = (
+                f"{self.ctx.name} succeeded in {took} \u00b7 {self.session.status_line()}"
+            )
         for rank, value in enumerate(values):
             summary = describe_value(value)
             self.renderer(RankFinished(self.run_id, rank, RankState.DONE, None, None, now, summary))
@@ -101,10 +140,11 @@ class CellWidget:
         self.renderer(finished)
 
 
-def run_with_widget(shell: Any, session: Session, cell: CellHandle) -> Any:
-    """Wait for ``cell`` with its widget drawn; its values, or its error raised."""
+def run_with_widget(shell: Any, session: Session, cell: CellHandle, count: int) -> Any:
+    """Wait for ``cell`` (the notebook's ``In[count]``) with its widget drawn; its values (and
+    whether its record is folded, saying the status), or its error raised."""
     __tracebackhide__ = True
-    widget = CellWidget(shell, session, cell)
+    widget = CellWidget(shell, session, cell, count)
     with widget.following():
         try:
             result = cell.result()
@@ -112,4 +152,4 @@ def run_with_widget(shell: Any, session: Session, cell: CellHandle) -> Any:
             widget.failed(exc)
             raise
     widget.succeeded(list(result))
-    return result
+    return result, bool(widget.renderer.compact)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,25 +38,18 @@ from .log_pane import LogPane
 from .runstate import RunView
 from .traceback_text import ipython_labeler
 from .uipoll import UiPump
+from .widget_base import RunWidget, _close
+
+__all__ = ["RunWidget", "WidgetRenderer", "_close"]
 
 MIN_INTERVAL_S = 0.25
+ADDRESS_WAIT_S = 10.0
+"""How long a run's end waits for its MLflow UI's address (a port bound, a process started;
+not the UI answering): the record written then links the run, also in a headless notebook."""
 _HEADER_INTERVAL_S = 1.0
 CANCEL_REASON = "cancelled from the notebook widget"
+_UI_FAILED = "the MLflow UI did not start"
 ALL_RANKS = "all ranks"
-
-
-class RunWidget(widgets.VBox):
-    """A VBox whose ``text/plain`` form is the run's readable summary (text-only clients)."""
-
-    def __init__(self, text: Callable[[], str], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._text = text
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
-        bundle: dict[str, Any] | None = super()._repr_mimebundle_(**kwargs)
-        if bundle is not None:
-            bundle["text/plain"] = self._text()
-        return bundle
 
 
 class WidgetRenderer:
@@ -124,6 +116,8 @@ class WidgetRenderer:
         self._mlflow_thread: threading.Thread | None = None
         self._mlflow_pending = ""
         """Why the MLflow link cannot be opened yet (the UI starts or failed); empty: it can."""
+        self._mlflow_address = threading.Event()
+        """Set once the UI's address is known (the link names it) or its start failed."""
         self._button_display: DisplayHandle | None = None
         """The MLflow button kept under the record of a run whose UI did not start."""
         self.rank_status = widgets.HTML(html_view.rank_status_html(view))
@@ -234,6 +228,12 @@ class WidgetRenderer:
     def _pending_links(self) -> dict[str, str] | None:
         return {"mlflow": self._mlflow_pending} if self._mlflow_pending else None
 
+    def _dead_links(self) -> dict[str, str] | None:
+        """The record's: a link whose UI did not start (one still starting is linked: its
+        address is known, and it opens by the time anyone reads the record)."""
+        dead = self._mlflow_pending == _UI_FAILED or not self._mlflow_address.is_set()
+        return self._pending_links() if dead else None
+
     def _draw(self) -> None:
         self._last_draw = time.monotonic()
         self._draw_header()
@@ -273,8 +273,11 @@ class WidgetRenderer:
         self._button_display = display(self.mlflow_button, display_id=True)
 
     def _publish_record(self) -> None:
+        thread = self._mlflow_thread
+        if thread is not None and thread is not threading.current_thread():
+            self._mlflow_address.wait(ADDRESS_WAIT_S)  # the record is final when the cell ends
         self.record = html_view.record_html(
-            self.view, label=self._label, pending=self._pending_links()
+            self.view, label=self._label, pending=self._dead_links()
         )
         if self._display is not None:
             bundle = {"text/html": self.record, "text/plain": self.text()}
@@ -350,6 +353,7 @@ class WidgetRenderer:
         """Start the MLflow UI on its own thread (it takes seconds) as soon as the run has its
         MLflow link: the link opens by the time anyone clicks it, and the kernel stays free."""
         self._mlflow_pending = "starting the MLflow UI..."
+        self._mlflow_address.clear()
         self.mlflow_button.layout.display = "none"
         self._mlflow_thread = threading.Thread(
             target=self._serve_mlflow, name="serverless-gpu-mlflow-ui", daemon=True
@@ -360,23 +364,29 @@ class WidgetRenderer:
         from serverless_gpu.tracking import ui
 
         try:
-            address = ui()
+            ui(on_address=self._link_address)
         except Exception as exc:  # said in the header and on the button; the run goes on
-            self._mlflow_pending = "the MLflow UI did not start"
+            self._mlflow_pending = _UI_FAILED
             self.mlflow_button.description = "Retry MLflow UI"
             self.mlflow_button.tooltip = f"{type(exc).__name__}: {exc}"
             kept = not self.view.done or self._button_display is not None
             self.mlflow_button.layout.display = None if kept else "none"
         else:
-            # The UI may have had to take another port than the one the link names.
-            page = f"{address}/#{urlsplit(self.view.links['mlflow']).fragment}"
-            self.view.links["mlflow"] = page
             self._mlflow_pending = ""
             self._drop_kept_button()
+        finally:
+            self._mlflow_address.set()
         if self.view.done:
             self._publish_record()  # a run that ended while the UI started: its record links it
         else:
             self._draw_header()
+
+    def _link_address(self, address: str) -> None:
+        """The UI's address, known before it answers: it may have had to take another port
+        than the one the link names."""
+        page = f"{address}/#{urlsplit(self.view.links['mlflow']).fragment}"
+        self.view.links["mlflow"] = page
+        self._mlflow_address.set()
 
     def _drop_kept_button(self) -> None:
         if self._button_display is not None:
@@ -386,10 +396,3 @@ class WidgetRenderer:
 
     def text(self) -> str:
         return snapshot_text(self.view)
-
-
-def _close(widget: widgets.Widget) -> None:
-    """Close ``widget`` and every widget under it (their comms and kernel-side state)."""
-    for child in getattr(widget, "children", ()):
-        _close(child)
-    widget.close()

@@ -30,6 +30,7 @@ import time
 import urllib.error
 import urllib.request
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,12 @@ _server: _Server | None = None
 _lock = threading.Lock()
 
 
-def ui(port: int | None = None, *, wait: bool = True) -> str:
+def ui(
+    port: int | None = None,
+    *,
+    wait: bool = True,
+    on_address: Callable[[str], None] | None = None,
+) -> str:
     """Serve the MLflow UI for the current tracking store on 127.0.0.1; return its address.
 
     Without ``port``, the store's stable port (the one its run links name from the start, so
@@ -72,7 +78,8 @@ def ui(port: int | None = None, *, wait: bool = True) -> str:
     serving this store there is reused. Started once per process, in the background; later calls
     return the same address. ``wait=False`` returns the address at once, while the server is
     still starting. For an HTTP tracking server this returns that server's address and starts
-    nothing.
+    nothing. ``on_address`` is called with the address as soon as it is known, before the
+    server answers (a notebook's record links the run without waiting for the UI).
     """
     import mlflow
 
@@ -81,6 +88,8 @@ def ui(port: int | None = None, *, wait: bool = True) -> str:
         return uri.rstrip("/")
     with _lock:
         address, server = _serve_locked(uri, port)
+    if on_address is not None:
+        on_address(address)
     if server is not None:
         if wait:
             _await(server)

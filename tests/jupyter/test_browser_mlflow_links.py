@@ -1,7 +1,7 @@
 """MLflow links in JupyterLab, in headless Chromium: a tracked run's widget starts the UI by
 itself and shows one link, the record of a short run links the live UI, the link opens the
 run's page in MLflow 3's "Model training" view (not GenAI > Evaluations), and the saved record
-says how to serve the store once its kernel is gone; serving it again makes the saved link open.
+keeps the link (no local store path); serving the store again makes the saved link open.
 
 Screenshots go to the test's temporary folder (``SERVERLESS_GPU_SCREENSHOTS`` names another).
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -90,23 +92,26 @@ def _short_run_links_the_live_ui(page: Any, shots: Path) -> str:
     run.screenshot(path=str(shots / "mlflow-live-header.png"))
     record = cell.locator(".sgpu-record")
     expect(record).to_contain_text("run succeeded", timeout=90 * MS)
-    # The run ended within seconds; once the UI serves the store, its record links it.
+    # The run ended within seconds; its record links the UI's address (known before it answers).
     expect(record.locator(MLFLOW_LINK)).to_have_count(1, timeout=150 * MS)
     expect(record.locator(".sgpu-link-pending")).to_have_count(0)
     link = record.locator(MLFLOW_LINK).get_attribute("href")
     assert link is not None
     assert re.match(r"^http://127\.0\.0\.1:\d+/#/experiments/\d+/runs/\w+", link), link
     expect(cell.locator("a", has_text=re.compile("MLflow"))).to_have_count(1)  # no second link
-    hint = record.locator(".sgpu-mlflow-hint")
-    expect(hint).to_contain_text("python -m serverless_gpu.tracking.serve_ui sqlite:///")
-    expect(hint).to_contain_text("mlflow ui --backend-store-uri")
+    # A link that opens needs no help, and a shared notebook carries no local store path.
+    expect(record.locator(".sgpu-mlflow-hint")).to_have_count(0)
+    expect(record).not_to_contain_text("sqlite:///")
     cell.locator(".jp-Cell-outputWrapper").screenshot(path=str(shots / "mlflow-record.png"))
     return link
 
 
 def _link_opens_the_runs_page(page: Any, link: str, shots: Path) -> None:
-    """Clicked as a user does: a new tab with the run in MLflow's "Model training" view."""
+    """Clicked as a user does: a new tab with the run in MLflow's "Model training" view (once
+    the UI answers: the record links its address from the run's end, while it may start)."""
     from playwright.sync_api import expect
+
+    assert wait_for(lambda: _answers(link.split("/#/")[0] + "/health"), 150)
 
     with page.context.expect_page(timeout=20 * MS) as opened:
         _cell(page, 1).locator(f".sgpu-record {MLFLOW_LINK}").click()
@@ -122,9 +127,17 @@ def _link_opens_the_runs_page(page: Any, link: str, shots: Path) -> None:
     mlflow.close()
 
 
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status) == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def _saved_record_after_restart(page: Any, link: str, shots: Path) -> None:
-    """The kernel restarted: its UI is gone; the record keeps the link and how to serve the
-    store; ``ui()`` (what the record says) serves it again at the same address."""
+    """The kernel restarted: its UI is gone; the record keeps the link; ``ui()`` serves the
+    store again at the same address."""
     from playwright.sync_api import expect
 
     page.keyboard.press("Escape")
@@ -138,7 +151,6 @@ def _saved_record_after_restart(page: Any, link: str, shots: Path) -> None:
     _wait_idle(page, 60)
     record = _cell(page, 1).locator(".sgpu-record")
     expect(record.locator(MLFLOW_LINK)).to_have_attribute("href", link, timeout=30 * MS)
-    expect(record.locator(".sgpu-mlflow-hint")).to_contain_text("serverless_gpu.tracking.ui()")
     _run_cell(page, 2)
     address = link.split("/#/")[0]
     expect(_cell(page, 2).locator(".jp-OutputArea-output")).to_contain_text(
@@ -155,13 +167,13 @@ def _saved_record_after_restart(page: Any, link: str, shots: Path) -> None:
 
 
 def _saved_record_in_notebook7(browser: Any, url: str, link: str) -> None:
-    """The saved record opened in Notebook 7 keeps its link and how to serve the store."""
+    """The saved record opened in Notebook 7 keeps its link, and no local store path."""
     from playwright.sync_api import expect
 
     nb7 = browser.new_page(viewport={"width": 1200, "height": 1000})
     nb7.goto(url)
     record = _cell(nb7, 1).locator(".sgpu-record")
     expect(record.locator(MLFLOW_LINK)).to_have_attribute("href", link, timeout=60 * MS)
-    expect(record.locator(".sgpu-mlflow-hint")).to_contain_text("serverless_gpu.tracking.ui()")
+    expect(record.locator(".sgpu-mlflow-hint")).to_have_count(0)
     expect(nb7.get_by_text("Error displaying widget")).to_have_count(0)
     nb7.close()

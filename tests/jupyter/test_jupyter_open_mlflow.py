@@ -104,9 +104,11 @@ def test_a_ui_that_does_not_start_leaves_a_retry_button_and_no_dead_link(
 def test_the_record_says_how_to_serve_the_store_when_no_ui_does(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     view = RunView(_tracked_context(tmp_path, uri))
-    record = html_view.record_html(view)
+    linked = html_view.record_html(view)
+    assert "sgpu-mlflow-hint" not in linked  # a link not known dead needs no help
+    record = html_view.record_html(view, pending={"mlflow": "the MLflow UI did not start"})
     port = store.ui_ports(uri)[0]
-    [link] = _MLFLOW_LINK.findall(record)
+    [link] = _MLFLOW_LINK.findall(linked)
     assert link == f"http://127.0.0.1:{port}/#/experiments/0/runs/abc?workflowType=machine_learning"
     assert f"python -m serverless_gpu.tracking.serve_ui {uri} abc" in record
     assert f"mlflow ui --backend-store-uri {uri} --port {port}" in record
@@ -154,7 +156,9 @@ def test_a_short_run_in_a_real_kernel_leaves_a_record_linking_a_live_ui(
     assert len(links) == 1, links  # one link, no second one beside it
     assert links[0].startswith(f"{address}/#/experiments/")
     assert links[0].endswith("?workflowType=machine_learning")
-    assert "python -m serverless_gpu.tracking.serve_ui" in records[-1]
+    # A link that opens needs no help, and a shared notebook carries no local store path.
+    assert "serverless_gpu.tracking.serve_ui" not in records[-1]
+    assert "sqlite:///" not in records[-1]
 
 
 def test_the_text_record_says_how_to_serve_the_store_when_no_ui_does(tmp_path: Path) -> None:
