@@ -195,3 +195,10 @@ def tensor_of(mib: int) -> Any:
 def bytes_of(mib: int) -> dict[str, Any]:
     """A result without tensors: ``mib`` MiB of bytes in a dict."""
     return {"rank": int(os.environ["RANK"]), "data": bytes(range(256)) * (mib * 4096)}
+
+
+def tensor_and_views(mib: int) -> dict[str, Any]:
+    """``tensor_of`` with two views of its storage and a bfloat16 tensor."""
+
+    tensor = tensor_of(mib)
+    return {"t": tensor, "evens": tensor[::2], "head": tensor[:4], "bf": tensor[:8].bfloat16()}

@@ -65,15 +65,21 @@ def test_without_a_twin_the_object_store_carries_the_result(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(RESULTS_DIR_ENV, "off")
-    fn = distributed(gpus=1, gpu_type="cpu", remote=True, timeout=180)(ray_fns.tensor_of)
+    fn = distributed(gpus=1, gpu_type="cpu", remote=True, timeout=180)(ray_fns.tensor_and_views)
 
     handle = fn.start(MIB)
     assert handle.wait(180)
     assert not list(handle.context.run_dir.glob("result_*")), "no file was written"
-    out = handle.result()
+    out = handle.result()[0]
 
-    assert torch.equal(out[0], torch.arange(MIB * 2**18, dtype=torch.float32))
-    assert f"{out.run_dir.name}/result_0.pkl" not in _mapped_files()
+    expected = torch.arange(MIB * 2**18, dtype=torch.float32)
+    assert torch.equal(out["t"], expected)
+    assert torch.equal(out["evens"], expected[::2]) and torch.equal(out["head"], expected[:4])
+    assert out["bf"].dtype == torch.bfloat16 and torch.equal(out["bf"], expected[:8].bfloat16())
+    # Views of one storage still share it, and it is the caller's own (writable) memory.
+    out["head"][0] = -1.0
+    assert out["t"][0] == -1.0 and out["evens"][0] == -1.0
+    assert f"{handle.context.run_dir.name}/result_0.pkl" not in _mapped_files()
 
 
 def test_a_rank_takes_the_twin_only_where_it_finds_the_callers_key(tmp_path: Path) -> None:

@@ -7,20 +7,25 @@ caller maps it: a GiB arrives at memory speed instead of crossing Ray's object s
 the caller's own: the same machine (boot id and host name), the same user, and the twin holding
 the key the caller wrote there for this call (a folder of the same name on another machine or
 in another container does not). Any other rank, or one whose write fails (a full tmpfs, a result
-``dump_result`` cannot pickle), puts its result into the object store, as before.
+``dump_result`` cannot pickle), puts its result into the object store, its tensors' bytes as
+numpy arrays that Ray carries out of band (:class:`StoredTensors`).
 """
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import secrets
 import socket
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from serverless_gpu.backends.ray.ranks import HostCopy
+from serverless_gpu.runfiles import tensor_file
 from serverless_gpu.runfiles.serialization import dump_result, load_result, partial_path
 from serverless_gpu.wire.runpaths import RunPaths
 
@@ -86,7 +91,7 @@ def reachable(place: ResultsPlace | None) -> Path | None:
 
 def hand_over(result: Any, place: ResultsPlace | None, rank: int, world_size: int) -> Any:
     """In the rank: a :class:`ResultFile` where the result could be written into the caller's
-    twin, else an object ref of it (``ray.put``; CUDA tensors copied to host first). A result
+    twin, else an object ref of it (``ray.put`` of :func:`for_store`). A result
     that cannot be pickled raises from ``ray.put``, as it did before the twin was tried."""
     twin = reachable(place)
     if twin is not None:
@@ -98,7 +103,7 @@ def hand_over(result: Any, place: ResultsPlace | None, rank: int, world_size: in
             partial_path(path).unlink(missing_ok=True)
     import ray
 
-    return ray.put(host_copy(result))
+    return ray.put(for_store(result))
 
 
 def load(ray: Any, held: Any, timeout: float) -> Any:
@@ -106,7 +111,67 @@ def load(ray: Any, held: Any, timeout: float) -> Any:
     if isinstance(held, ResultFile):
         return load_result(Path(held.path))
     value = ray.get(held, timeout=timeout)
-    return value.load() if isinstance(value, HostCopy) else value
+    return value.load() if isinstance(value, (HostCopy, StoredTensors)) else value
+
+
+@dataclass(frozen=True)
+class StoredTensors:
+    """A result holding tensors as it goes through the object store: its pickle without the
+    storages (``tensor_file.split``) and each storage's bytes as a numpy array, by the offset
+    its persistent id names. Ray carries numpy arrays out of band: one copy into the store and
+    one out of it in the caller, where a pickled storage is copied several times over
+    (``torch.save`` into bytes, the bytes into the pickle, out of the store, out of the pickle)."""
+
+    meta: bytes
+    arrays: dict[int, Any]
+
+    def load(self) -> Any:
+        import torch
+
+        arrays = self.arrays
+        copies: dict[int, Any] = {}  # tensors that viewed one storage share its copy
+
+        class _Unpickler(pickle.Unpickler):
+            def persistent_load(self, pid: Any) -> Any:
+                _, offset, _nbytes, dtype = pid
+                if offset not in copies:
+                    copies[offset] = _own_copy(arrays[offset], torch)
+                return tensor_file.typed(copies[offset], dtype, torch)
+
+        return _Unpickler(io.BytesIO(self.meta)).load()
+
+
+def _own_copy(array: Any, torch: Any) -> Any:
+    """The array's bytes in a storage of this process's own: the object store's memory is
+    read-only and lives only as long as the object."""
+    if array.size == 0:
+        return torch.UntypedStorage(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only: it is copied at once
+        view = torch.from_numpy(array)
+    return view.clone().untyped_storage()
+
+
+def for_store(result: Any) -> Any:
+    """What the rank puts into the object store: a :class:`StoredTensors` where the result holds
+    tensors (CUDA ones copied to host: the caller may have no GPU), else ``result`` itself.
+    Where that cannot be made (a storage on another device, no numpy, a result this pickler
+    refuses), the result as before: ``ray.put`` then decides, and raises what it raised."""
+    torch: Any = sys.modules.get("torch")
+    if torch is None:
+        return result
+    try:
+        meta, storages = tensor_file.split(result, torch)
+        if not storages:
+            return result
+        return StoredTensors(meta, {offset: _host_bytes(s, torch) for offset, s in storages})
+    except Exception:  # see above: the object store's own pickling takes it
+        return host_copy(result)
+
+
+def _host_bytes(storage: Any, torch: Any) -> Any:
+    data = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    return data.cpu().numpy()  # no copy for a CPU storage
 
 
 def host_copy(result: Any) -> Any:
@@ -115,9 +180,6 @@ def host_copy(result: Any) -> Any:
     torch: Any = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return result
-    import io
-    import pickle
-
     import cloudpickle
 
     found: list[bool] = []
