@@ -77,6 +77,27 @@ class _StoragePickler(cloudpickle.Pickler):
         return ("storage", offset, untyped.nbytes(), dtype)
 
 
+def split(obj: Any, torch: Any) -> tuple[bytes, list[tuple[int, Any]]]:
+    """``obj`` pickled as :func:`dump` pickles it, without its storages, and the storages left
+    out, each with the offset its persistent id names (``("storage", offset, nbytes, dtype)``).
+    Raises :class:`UnsupportedStorage` for a storage on a device other than CPU and CUDA."""
+    meta = io.BytesIO()
+    pickler = _StoragePickler(meta, torch)
+    pickler.dump(obj)
+    return meta.getvalue(), pickler.storages
+
+
+def typed(untyped: Any, dtype: str | None, torch: Any) -> Any:
+    """The storage a persistent id names, typed even where the writer saw an untyped storage,
+    as torch.load does: a tensor of the newer dtypes (float8, uint16, complex32, ...) pickles its
+    storage untyped and is rebuilt from ``storage._untyped_storage``."""
+    return torch.storage.TypedStorage(
+        wrap_storage=untyped,
+        dtype=torch.uint8 if dtype is None else getattr(torch, dtype),
+        _internal=True,
+    )
+
+
 def dump(
     obj: Any, path: Path, torch: Any, local_ranks: int = 1, mapped: bool | None = None
 ) -> None:
@@ -179,13 +200,6 @@ def load(path: Path, torch: Any) -> Any:
             untyped = (
                 mapping[start : start + nbytes] if mapping is not None else torch.UntypedStorage(0)
             )
-            # Typed even where the writer saw an untyped storage, as torch.load does: a tensor
-            # of the newer dtypes (float8, uint16, complex32, ...) pickles its storage untyped
-            # and is rebuilt from ``storage._untyped_storage``.
-            return torch.storage.TypedStorage(
-                wrap_storage=untyped,
-                dtype=torch.uint8 if dtype is None else getattr(torch, dtype),
-                _internal=True,
-            )
+            return typed(untyped, dtype, torch)
 
     return _Unpickler(io.BytesIO(meta)).load()

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import psutil
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "SGPU_BENCH_SMOKE"
@@ -111,3 +112,35 @@ def test_data_and_checkpoint_benchmarks_tiny(tmp_path: Path) -> None:
             assert "### Targets" in written, written
         for fragment in expected:
             assert fragment in written, f"{script}: {fragment!r} missing\n{written}"
+
+
+def test_ray_results_benchmark_quick_cpu(tmp_path: Path) -> None:
+    """``ray_results.py --quick --cpu``: its three ways side by side, on a Ray cluster of its
+    own (private HOME: Ray's first local start writes an auth token there), nothing left."""
+    pytest.importorskip("ray")
+    marker = uuid.uuid4().hex
+    env = {**os.environ, MARKER: marker, "SERVERLESS_GPU_RUNS_DIR": str(tmp_path / "runs")}
+    env.update(HOME=str(tmp_path / "home"), RAY_AUTH_MODE="disabled")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    out = tmp_path / "ray_results.md"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "ray_results.py"), "--quick", "--cpu"]
+    try:
+        done = subprocess.run(
+            [*cmd, "--out", str(out)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        left = wait_until_none(marker, limit=30.0)
+        for proc in left:  # started by this test: clean up before failing
+            proc.kill()
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert not left, f"processes survived the benchmark: {[p.pid for p in left]}"
+    written = out.read_text()
+    assert "### Targets" in written, written
+    for way in ("local backend", "Ray, caller's machine", "Ray, object store"):
+        assert f"| {way} | CPU tensor |" in written, written

@@ -182,3 +182,23 @@ def rank1_dies_on_the_first_attempt() -> int:
     if runtime.attempt() == 0 and runtime.get_global_rank() == 1:
         os._exit(3)
     return runtime.attempt()
+
+
+def tensor_of(mib: int) -> Any:
+    """A float32 tensor of ``mib`` MiB, counting up from the rank's number."""
+    import torch
+
+    rank = int(os.environ["RANK"])
+    return torch.arange(mib * 2**18, dtype=torch.float32) + rank
+
+
+def bytes_of(mib: int) -> dict[str, Any]:
+    """A result without tensors: ``mib`` MiB of bytes in a dict."""
+    return {"rank": int(os.environ["RANK"]), "data": bytes(range(256)) * (mib * 4096)}
+
+
+def tensor_and_views(mib: int) -> dict[str, Any]:
+    """``tensor_of`` with two views of its storage and a bfloat16 tensor."""
+
+    tensor = tensor_of(mib)
+    return {"t": tensor, "evens": tensor[::2], "head": tensor[:4], "bf": tensor[:8].bfloat16()}

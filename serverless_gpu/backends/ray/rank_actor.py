@@ -1,5 +1,6 @@
 """One rank on a Ray node: an actor that captures its process's output, runs the user's function
-and hands back the result (through Ray's object store) or the failure's error record; after a
+and hands back the result (a file in the caller's results twin on the caller's machine,
+else through Ray's object store: ``results.py``) or the failure's error record; after a
 call that succeeded it stays for the next call of its set (``standby.py``).
 
 The function runs on the actor's main thread, as a local rank runs it; output is read by two
@@ -12,7 +13,6 @@ import faulthandler
 import fcntl
 import io
 import os
-import pickle
 import socket
 import struct
 import sys
@@ -23,11 +23,8 @@ import time
 from collections import deque
 from typing import Any
 
-import cloudpickle
-
-from serverless_gpu.backends.ray import doctor
+from serverless_gpu.backends.ray import doctor, results
 from serverless_gpu.backends.ray.doctor import STACKS, STOP
-from serverless_gpu.backends.ray.ranks import HostCopy
 from serverless_gpu.common.describe import describe_value
 from serverless_gpu.common.errors import (
     RAISED,
@@ -162,11 +159,10 @@ class RankActor:
         name: str,
         call: dict[str, Any],
     ) -> Any:
-        """Run the call; returns ``("ok", [result_ref], summary)`` or
-        ``("error", record, summary)``. ``call``: ``run_id``, ``adopt`` (the group formed
-        ahead is the call's) and ``warm`` (``warm_process_group``)."""
-        import ray
-
+        """Run the call; returns ``("ok", [result], summary)`` (an object ref, or a
+        ``results.ResultFile`` on the caller's machine) or ``("error", record, summary)``.
+        ``call``: ``run_id``, ``adopt`` (the group formed ahead is the call's), ``warm``
+        (``warm_process_group``) and ``results`` (``results.ResultsPlace`` or None)."""
         self.run_id = self._capture.run_id = call["run_id"]
         _become_rank(self._base_env, env, cwd, sys_path, name)
         stop_request.reset()
@@ -174,7 +170,7 @@ class RankActor:
         runtime.connect(self._to_caller)
         self._running = True
         try:
-            outcome = self._call(payload, ray)
+            outcome = self._call(payload, call.get("results"))
         finally:
             self._running = False
             self._capture.drained()
@@ -182,7 +178,7 @@ class RankActor:
         # The call's process group is shut down by form_group, outside the call's time.
         return outcome
 
-    def _call(self, payload: bytes, ray: Any) -> Any:
+    def _call(self, payload: bytes, place: results.ResultsPlace | None) -> Any:
         try:
             result = worker.call_function(lambda: load_payload(io.BytesIO(payload)))
         except SystemExit as exc:
@@ -191,12 +187,13 @@ class RankActor:
         except BaseException as exc:  # the user's failure goes back to the caller
             return self._error(exc, RAISED, worker.qualified_type(exc), exception_message(exc))
         try:
-            ref = ray.put(_host_copy(result))
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            held = results.hand_over(result, place, self.rank, world)
         except Exception as exc:  # cannot be serialized: say which rank and which type
             return self._error(
                 exc, UNPICKLABLE_RESULT, worker.qualified_type(result), exception_message(exc)
             )
-        return ("ok", [ref], describe_value(result))
+        return ("ok", [held], describe_value(result))
 
     def _error(self, exc: BaseException, kind: FailureKind, type_name: str, message: str) -> Any:
         record = worker.error_record(self.rank, exc, kind, type_name, message)
@@ -238,26 +235,6 @@ class RankActor:
 
 
 _POLL_S = 0.3
-
-
-def _host_copy(result: Any) -> Any:
-    """``result`` itself, or a :class:`HostCopy` of it where it holds CUDA tensors (Ray's
-    pickling would bring them back onto a GPU in the caller, which may have none)."""
-    torch: Any = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return result
-    found: list[bool] = []
-
-    class HostPickler(cloudpickle.Pickler):
-        def reducer_override(self, obj: Any) -> Any:
-            if isinstance(obj, torch.Tensor) and obj.is_cuda:
-                found.append(True)
-                return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-            return super().reducer_override(obj)
-
-    buffer = io.BytesIO()
-    HostPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(result)
-    return HostCopy(buffer.getvalue()) if found else result
 
 
 def _all_stacks() -> str:

@@ -39,7 +39,7 @@ class RayRank:
     summary: str = ""
     """What it returned (type, shape) or how it failed, in one line."""
     result: Any = None
-    """The object reference of its return value."""
+    """The object reference of its return value, or the ``results.ResultFile`` it was written to."""
     log: IO[bytes] | None = None
     """Its log in the caller's run directory (``RunPaths.log``)."""
 

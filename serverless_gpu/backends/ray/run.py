@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from serverless_gpu.backends.ray import doctor, waiting
+from serverless_gpu.backends.ray import doctor, results, waiting
 from serverless_gpu.backends.ray.doctor import STACKS, STOP
 from serverless_gpu.backends.ray.placement import (
     PlacementError,
@@ -27,7 +27,7 @@ from serverless_gpu.backends.ray.placement import (
     ray_accelerator,
     reserve,
 )
-from serverless_gpu.backends.ray.ranks import LIVE, HostCopy, RayRank, rank_environment
+from serverless_gpu.backends.ray.ranks import LIVE, RayRank, rank_environment
 from serverless_gpu.backends.ray.standby import ActorSet, Shape, Standby, release
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.common import settings
@@ -168,6 +168,7 @@ class RayRun:
             "run_id": self.ctx.run_id,
             "adopt": self.adopt,
             "warm": self.spec.config.warm_process_group,
+            "results": results.place_for(self.ctx.paths),
         }
         for r in self.ranks:
             env = rank_environment(self.spec, self.ranks, r, self.cpus)
@@ -434,8 +435,8 @@ class RayRun:
         self._stop(RunStatus.FAILED)
 
     def _fetch_results(self, ray: Any) -> None:
-        refs = [r.result for r in self.ranks]
-        while True:
+        refs = [r.result for r in self.ranks if not isinstance(r.result, results.ResultFile)]
+        while refs:
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_SLICE_S, fetch_local=True)
             if len(ready) == len(refs):
                 break
@@ -444,8 +445,7 @@ class RayRun:
                 raise _Stopped(reason)
         for r in self.ranks:
             try:
-                value = ray.get(r.result, timeout=_CALL_S)
-                self.values.append(value.load() if isinstance(value, HostCopy) else value)
+                self.values.append(results.load(ray, r.result, _CALL_S))
             except Exception as exc:  # e.g. the result's class cannot be imported here
                 self.values.append(None)
                 self.value_errors[r.rank] = exc
