@@ -26,6 +26,11 @@ LOG_GLOB = "rank_*.txt"
 _LOG_NAME = re.compile(r"rank_(\d+)\.txt")
 
 
+def result_name(rank: int) -> str:
+    """The name of rank ``rank``'s result file (in a results twin or a run directory)."""
+    return f"result_{rank}.pkl"
+
+
 def launcher_log(runs_root: Path, caller_pid: int) -> Path:
     """Where the launcher of caller ``caller_pid`` writes its output."""
     return runs_root / f"launcher-{caller_pid}.log"
@@ -112,7 +117,7 @@ class RunPaths:
     def results(self, rank: int) -> list[Path]:
         """Where rank ``rank``'s result may be, preferred first: the results twin when there is
         one (the rank falls back to the run directory when the tmpfs is full)."""
-        name = f"result_{rank}.pkl"
+        name = result_name(rank)
         places = [self.run_dir / name]
         return [self.results_dir / name, *places] if self.results_dir else places
 

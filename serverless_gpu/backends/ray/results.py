@@ -27,7 +27,7 @@ from typing import Any
 from serverless_gpu.backends.ray.ranks import HostCopy
 from serverless_gpu.runfiles import tensor_file
 from serverless_gpu.runfiles.serialization import dump_result, load_result, partial_path
-from serverless_gpu.wire.runpaths import RunPaths
+from serverless_gpu.wire.runpaths import RunPaths, result_name
 
 KEY_FILE = ".ray-results-key"
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -95,7 +95,7 @@ def hand_over(result: Any, place: ResultsPlace | None, rank: int, world_size: in
     that cannot be pickled raises from ``ray.put``, as it did before the twin was tried."""
     twin = reachable(place)
     if twin is not None:
-        path = twin / f"result_{rank}.pkl"
+        path = twin / result_name(rank)
         try:
             dump_result(result, path, world_size)
             return ResultFile(str(path))
