@@ -11,17 +11,29 @@ import keyword
 import math
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument
 
 from serverless_gpu.api.decorator import DEFAULT_TIMEOUT
+from serverless_gpu.common import backend_names
 from serverless_gpu.wire.config import OUTPUT_CHOICES
 
 F = TypeVar("F", bound=Callable[..., Any])
 _KEY_VALUE = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)=(.*)$", re.DOTALL)
+
+
+class _KnownBackends:
+    """``--backend``'s choices, read when a cell is parsed: the built-ins and the backend
+    plug-ins installed now (``serverless_gpu.backends.registry``)."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and backend_names.is_known(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(backend_names.known_names())
 
 
 def _positive_int(text: str) -> int:
@@ -89,9 +101,10 @@ def placement_arguments(func: F) -> F:
         ),
         argument(
             "--backend",
-            choices=("local", "ray"),
+            choices=_KnownBackends(),
             default=None,
-            help="Where ranks run: this machine (local) or the Ray cluster (ray).",
+            help="Where ranks run: this machine (local), the Ray cluster (ray), or an installed "
+            "backend plug-in.",
         ),
     )
 

@@ -25,6 +25,7 @@ from serverless_gpu.api.decorator import DEFAULT_TIMEOUT
 from serverless_gpu.api.session import Session
 from serverless_gpu.caller.console import ConsolePrinter
 from serverless_gpu.caller.results import RunResult
+from serverless_gpu.common import backend_names
 
 from .hook import widgets_wanted
 
@@ -33,9 +34,11 @@ _sessions: dict[str, tuple[Session, dict[str, Any]]] = {}
 
 
 def session_options(args: Any) -> dict[str, Any]:
-    if args.remote or args.backend == "ray":
+    backend = args.backend or ("ray" if args.remote else backend_names.DEFAULT)
+    if backend != backend_names.DEFAULT:  # a Session runs its ranks on this machine only
+        where = "a Ray cluster" if backend == "ray" else f"the {backend!r} backend"
         raise UsageError(
-            "--session runs on this machine: sessions on a Ray cluster are not supported yet"
+            f"--session runs on this machine: sessions on {where} are not supported yet"
         )
     if args.run_async:
         raise UsageError("--session cells wait for their ranks: --async is for one-off cells")

@@ -23,11 +23,10 @@ from serverless_gpu.api.decorator import (
     distributed,
     warm_up,
 )
-from serverless_gpu.api.ray_launch import ray_launch
+from serverless_gpu.api.ray_launch import ray_init, ray_launch
 from serverless_gpu.api.session import Session, SessionEndedError
 from serverless_gpu.api.shutdown import shutdown
 from serverless_gpu.api.sweep import sweep
-from serverless_gpu.backends.ray.connect import ray_init
 from serverless_gpu.caller import reattach as _reattach  # noqa: F401 - gives RunHandle.from_run_id
 from serverless_gpu.caller import runrecord as _runrecord  # noqa: F401 - registers the run.json hook
 from serverless_gpu.caller.handle import RunHandle

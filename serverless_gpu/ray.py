@@ -4,7 +4,6 @@ Importing this module does not import Ray; calling them does."""
 
 from __future__ import annotations
 
-from serverless_gpu.api.ray_launch import ray_launch
-from serverless_gpu.backends.ray.connect import ray_init
+from serverless_gpu.api.ray_launch import ray_init, ray_launch
 
 __all__ = ["ray_init", "ray_launch"]

@@ -17,6 +17,7 @@ from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 from serverless_gpu import tracking as _tracking  # noqa: F401 - registers the MLflow run hook (lazy mlflow)
 from serverless_gpu.api.functions import check_function, gpus_per_node
 from serverless_gpu.api.trials import call_params, trial_arguments
+from serverless_gpu.backends import registry
 from serverless_gpu.backends.base import Backend
 from serverless_gpu.backends.local import default_backend
 from serverless_gpu.caller.console import ConsolePrinter
@@ -42,7 +43,7 @@ from serverless_gpu.common.errors import (
     StorageError,
     UsageError,
 )
-from serverless_gpu.common.gpus import GPUType, Placement, cpu_mode_requested, resolve_placement
+from serverless_gpu.common.gpus import GPUType, Placement, resolve_placement
 from serverless_gpu.runfiles.rundirs import new_run_dir, runs_root, storage_hint
 from serverless_gpu.runfiles.serialization import dump_payload, max_payload_bytes
 from serverless_gpu.wire.accelerators import AcceleratorType, one_count
@@ -75,7 +76,7 @@ class DistributedFunction(Generic[P, R]):
         self.config = config
         self._backend = backend
         functools.update_wrapper(self, func)
-        if config.standby and not config.on_ray:
+        if config.standby and registry.for_config(config).standby:
             _start_prewarm(
                 lambda: _prewarm(
                     self.backend,
@@ -161,11 +162,7 @@ class DistributedFunction(Generic[P, R]):
     def backend(self) -> Backend:
         if self._backend is not None:
             return self._backend
-        if self.config.on_ray:
-            from serverless_gpu.backends.ray import ray_backend
-
-            return ray_backend()
-        return default_backend()
+        return registry.for_config(self.config).backend(self.config)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> NoReturn:
         name = getattr(self.func, "__name__", "fn")
@@ -348,17 +345,9 @@ def _interrupted(handle: RunHandle[Any]) -> None:
 
 
 def _placement(cfg: DistributedConfig) -> Placement:
-    """The ranks: on this machine's GPUs, or on the Ray cluster (connected first, so that a
-    missing cluster fails before anything is created)."""
-    if not cfg.on_ray:
-        return resolve_placement(cfg.gpus, cfg.gpu_type, cfg.gpus_per_node)
-    from serverless_gpu.backends.ray import cluster_placement, connect
-
-    connect(cfg.timeout)
-    gpus = cfg.gpus
-    if gpus is None and not cpu_mode_requested(cfg.gpu_type):
-        gpus = cfg.gpus_per_node  # a node shape without a count: one node of it
-    return cluster_placement(gpus, cfg.gpu_type)
+    """The ranks, placed by the call's backend (on this machine's GPUs, or on a cluster it
+    connects to first, so that a missing cluster fails before anything is created)."""
+    return registry.for_config(cfg).placement(cfg)
 
 
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO}

@@ -6,6 +6,9 @@ The function runs once, in an actor that holds one CPU; it calls Ray itself and 
 work. ``gpus`` is checked against the cluster before the call starts, and the function can read
 it back with :func:`launch_gpus` (e.g. for ``ScalingConfig(num_workers=launch_gpus(),
 use_gpu=True)``); the GPUs are not reserved ahead, so Ray Train's own placement group gets them.
+
+The original API's Ray names (``ray_launch``, ``ray_init``) are reached through this module, the
+one module outside ``backends/`` that names the Ray backend (tests/core/test_backend_registry.py).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from serverless_gpu.api.decorator import DistributedFunction
+from serverless_gpu.backends.ray.connect import ray_init as ray_init  # the original API re-export
 from serverless_gpu.common import settings
 from serverless_gpu.common.errors import ConfigurationError
 from serverless_gpu.common.gpus import GPUType, cpu_mode_requested

@@ -10,10 +10,8 @@ def shutdown() -> None:
     FINISHED)."""
     from serverless_gpu.api.decorator import join_prewarm
     from serverless_gpu.api.session import close_all_sessions
-    from serverless_gpu.backends.local import default_backend
-    from serverless_gpu.backends.ray import stop_ray_calls
+    from serverless_gpu.backends import registry
 
     close_all_sessions()
     join_prewarm()
-    default_backend().shutdown()
-    stop_ray_calls()
+    registry.shutdown_all()  # each backend this process used: the launcher, Ray's calls

@@ -18,13 +18,15 @@ import weakref
 from typing import Any
 
 from serverless_gpu.backends.launcher_client import LauncherClient, LauncherGone
+from serverless_gpu.backends.registry import BackendPlugin
 from serverless_gpu.caller.handle import RunHandle
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.caller.system_metrics import SystemSampler
 from serverless_gpu.common import settings
 from serverless_gpu.common.errors import LauncherError, StorageError
-from serverless_gpu.common.gpus import Placement
+from serverless_gpu.common.gpus import Placement, resolve_placement
 from serverless_gpu.runfiles.rundirs import release_run, storage_hint
+from serverless_gpu.wire.config import DistributedConfig
 from serverless_gpu.wire.env import group_env
 from serverless_gpu.wire.events import RunFinished, RunQueued, RunScheduled
 from serverless_gpu.wire.protocol import CancelRun, Prewarm, TakeStacks
@@ -280,3 +282,27 @@ def default_backend() -> LocalBackend:
         if _default is None:
             _default = LocalBackend()
         return _default
+
+
+def stop_local_calls() -> None:
+    """Stop the launcher and every rank it started, if this process started one."""
+    with _default_lock:
+        backend = _default
+    if backend is not None:
+        backend.shutdown()
+
+
+def _placement(config: DistributedConfig) -> Placement:
+    return resolve_placement(config.gpus, config.gpu_type, config.gpus_per_node)
+
+
+PLUGIN = BackendPlugin(
+    name="local",
+    backend=lambda config: default_backend(),
+    placement=_placement,
+    shutdown=stop_local_calls,
+    sessions=True,
+    stacks=True,
+    standby=True,
+)
+"""This machine's GPUs, ranks forked by a launcher process (the default backend)."""

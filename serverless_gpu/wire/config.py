@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import TypeGuard
 
-from serverless_gpu.common import settings
+from serverless_gpu.common import backend_names, settings
 from serverless_gpu.common.describe import type_name
 from serverless_gpu.common.errors import ConfigurationError, GPUConfigError
 from serverless_gpu.common.gpus import GPUType, check_cpu_count, check_gpu_count, cpu_mode_requested
@@ -86,7 +86,8 @@ class DistributedConfig:
     remote: bool = False
     """Run the ranks on the Ray cluster this process is connected to (``backend="ray"``)."""
     backend: str | None = None
-    """``"local"`` (this machine, the default) or ``"ray"`` (same as ``remote=True``)."""
+    """``"local"`` (this machine, the default), ``"ray"`` (same as ``remote=True``), or the name
+    of an installed backend plug-in (``backends/registry.py``)."""
 
     @property
     def gpus_per_node(self) -> int | None:
@@ -94,9 +95,18 @@ class DistributedConfig:
         return None if self.accelerator_type is None else node_shape(self.accelerator_type)[0]
 
     @property
+    def backend_name(self) -> str:
+        """The backend that runs the calls: ``backend``, ``"ray"`` for ``remote=True``, else
+        ``"local"``. The one place the config names its backend."""
+        if self.backend is not None:
+            return self.backend
+        return "ray" if self.remote else backend_names.DEFAULT
+
+    @property
     def on_ray(self) -> bool:
-        """The ranks run on a Ray cluster (``remote=True`` or ``backend="ray"``)."""
-        return self.remote or self.backend == "ray"
+        """The ranks run on a Ray cluster (``remote=True`` or ``backend="ray"``): the original
+        API's ``remote``, and whole nodes for a node shape."""
+        return self.backend_name == "ray"
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)
@@ -143,7 +153,7 @@ def _text(value: object) -> str:
 
 
 def _check_shape_count(config: DistributedConfig, gpus: int, per_node: int, name: str) -> None:
-    remote = config.remote or config.backend == "ray"
+    remote = config.on_ray
     if not remote and gpus > per_node:
         raise GPUConfigError(
             f"num_accelerators={gpus} with accelerator_type='{name}': a call on this "
@@ -190,10 +200,15 @@ def _check_options(config: DistributedConfig) -> None:
         raise ConfigurationError(
             f"max_payload_bytes must be a positive whole number of bytes or None, not {limit!r}"
         )
-    if config.backend not in (None, "local", "ray"):
-        raise ConfigurationError(f"backend must be 'local' or 'ray', not {config.backend!r}")
-    if config.remote and config.backend == "local":
-        raise ConfigurationError("remote=True runs on Ray: it cannot go with backend='local'")
+    if config.backend is not None and not (
+        isinstance(config.backend, str) and backend_names.is_known(config.backend)
+    ):
+        known = backend_names.names_text(backend_names.known_names())
+        raise ConfigurationError(f"backend must be {known}, not {config.backend!r}")
+    if config.remote and config.backend not in (None, "ray"):
+        raise ConfigurationError(
+            f"remote=True runs on Ray: it cannot go with backend={config.backend!r}"
+        )
     for name in ("standby", "warm_process_group", "tracking", "remote"):
         if not isinstance(getattr(config, name), bool):
             raise ConfigurationError(f"{name} must be True or False, not {getattr(config, name)!r}")

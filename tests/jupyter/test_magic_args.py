@@ -57,3 +57,23 @@ def test_mistakes_raise_usage_errors_with_the_usage(line: str, complaint: str) -
 def test_key_value_words_become_options() -> None:
     words = magic_args.normalize("gpus=2 --out x gpu_type='a b'")
     assert words == ["--gpus", "2", "--out", "x", "--gpu_type", "a b"]
+
+
+def test_backend_is_one_of_the_registered_ones() -> None:
+    """``--backend`` takes the registry's names (the built-ins, and installed plug-ins)."""
+    assert magic_args.parse(MAGIC, "--backend ray").backend == "ray"
+    assert magic_args.parse(MAGIC, "backend=local").backend == "local"
+    with pytest.raises(UsageError, match=r"invalid choice: 'nope' \(choose from 'local', 'ray'"):
+        magic_args.parse(MAGIC, "--backend nope")
+
+
+@pytest.mark.parametrize(
+    ("line", "where"), [("--remote", "a Ray cluster"), ("--backend ray", "a Ray cluster")]
+)
+def test_a_session_runs_on_the_local_backend_only(line: str, where: str) -> None:
+    from jupyter_ext import session_magic
+
+    with pytest.raises(UsageError, match=f"sessions on {where} are not supported yet"):
+        session_magic.session_options(magic_args.parse(MAGIC, f"--session s {line}"))
+    options = session_magic.session_options(magic_args.parse(MAGIC, "--session s --backend local"))
+    assert options["gpus"] is None
