@@ -12,6 +12,7 @@ and Ray is imported by the Ray backend's calls only.
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,7 +48,15 @@ class BackendPlugin:
 
 
 _loaded: dict[str, BackendPlugin] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()  # a plug-in may look another up as it loads
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.RLock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def names() -> tuple[str, ...]:
