@@ -12,7 +12,10 @@ built-in).
 from __future__ import annotations
 
 import warnings
-from importlib import metadata
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib import metadata
 
 GROUP = "serverless_gpu.backends"
 DEFAULT = "local"
@@ -28,6 +31,8 @@ def installed() -> dict[str, metadata.EntryPoint]:
     each time: a package installed while the process runs is found); the first of a name wins,
     as ``sys.path`` orders them. One that takes a built-in's name for another object is left
     out, with a warning: the name stays the built-in's."""
+    from importlib import metadata  # only when a name is not a built-in's: not in every process
+
     found: dict[str, metadata.EntryPoint] = {}
     for entry in metadata.entry_points(group=GROUP):
         builtin = BUILTINS.get(entry.name)
