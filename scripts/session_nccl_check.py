@@ -13,8 +13,9 @@ checks the namespace and an all-reduce; a rank's death must end the session clea
 
 One rank per GPU: NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so with one GPU
 the sessions have one rank and the faults that need a peer are skipped (the table says so).
-Tracking is off and nothing here needs IPython or MLflow. Prints one table; exits 1 if any
-case failed. The driver is ``tests/sessions/session_matrix.py`` (the CPU half runs in CI).
+Tracking is off and nothing here needs IPython or MLflow. Prints one table, each caller
+process's rows as it ends; exits 1 if any case failed. The driver is
+``tests/sessions/session_matrix.py`` (the CPU half runs in CI).
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ RUNS = (
     ("second", "pre-formed,user,no-warm"),
 )
 PER_RUN_S = 110
-"""Per caller process: the five stay within a 10-minute device command even when each hangs."""
+"""Per caller process, by default: the five stay within a 10-minute device command even when
+each hangs (``--per-run-s`` for more ranks)."""
+HEADER = f"{'situation':<11} {'origin':<11} {'fault':<21} {'ok':<4} {'s':>6}  detail"
 
 
 def _gpus() -> int:
@@ -47,7 +50,9 @@ def _gpus() -> int:
     return torch.cuda.device_count()
 
 
-def _run(situation: str, origins: str, device: str, world: int, where: Path) -> list[dict]:
+def _run(
+    situation: str, origins: str, device: str, world: int, where: Path, limit: float
+) -> list[dict]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["SESSION_MATRIX_WORLD"] = str(world)
@@ -58,11 +63,11 @@ def _run(situation: str, origins: str, device: str, world: int, where: Path) -> 
     argv = [sys.executable, str(DRIVER), situation, origins, "--device", device]
     try:
         done = subprocess.run(
-            argv, env=env, cwd=where, capture_output=True, text=True, timeout=PER_RUN_S
+            argv, env=env, cwd=where, capture_output=True, text=True, timeout=limit
         )
         out, err = done.stdout, done.stderr
     except subprocess.TimeoutExpired as exc:
-        out, err = _text(exc.stdout), f"timed out after {PER_RUN_S} s\n{_text(exc.stderr)}"
+        out, err = _text(exc.stdout), f"timed out after {limit:.0f} s\n{_text(exc.stderr)}"
     cases = [json.loads(x[5:]) for x in out.splitlines() if x.startswith("CASE ")]
     missing = len(origins.split(",")) * 6 - len(cases)
     if missing:
@@ -76,8 +81,8 @@ def _text(data: bytes | str | None) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
-def _table(cases: list[dict]) -> str:
-    rows = [f"{'situation':<11} {'origin':<11} {'fault':<21} {'ok':<4} {'s':>6}  detail"]
+def _rows(cases: list[dict]) -> str:
+    rows = []
     for c in cases:
         ok = "ok" if c["ok"] else "FAIL"
         detail = str(c["detail"]).replace("\n", " | ")[:160]
@@ -91,6 +96,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu", action="store_true", help="gloo on CPU ranks (no GPU needed)")
     parser.add_argument("--ranks", type=int, default=None, help="ranks per session (CPU mode)")
+    parser.add_argument(
+        "--per-run-s", type=float, default=PER_RUN_S, help="limit of each of the 5 caller processes"
+    )
     args = parser.parse_args()
     device = "cpu" if args.cpu else "cuda"
     world = args.ranks or (2 if args.cpu else min(2, _gpus()))
@@ -98,12 +106,15 @@ def main() -> int:
         print("no GPU visible: run with --cpu for the gloo half", file=sys.stderr)
         return 2
     print(f"session fault matrix: {device}, {world} rank(s) per session", flush=True)
+    print(HEADER, flush=True)
     start = time.monotonic()
     cases: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="session-matrix-") as tmp:
         for situation, origins in RUNS:
-            cases += _run(situation, origins, device, world, Path(tmp))
-    print(_table(cases))
+            # Each caller's rows as soon as it ends: a run cut short still shows what it reached.
+            done = _run(situation, origins, device, world, Path(tmp), args.per_run_s)
+            print(_rows(done), flush=True)
+            cases += done
     failed = [c for c in cases if not c["ok"]]
     took = time.monotonic() - start
     print(f"{len(cases) - len(failed)} of {len(cases)} cases ok in {took:.0f} s")

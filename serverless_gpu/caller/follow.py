@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TextIO
 
 from serverless_gpu.caller.console import ConsolePrinter
+from serverless_gpu.caller.waits import deadline_of
 from serverless_gpu.wire.events import Subscriber
 from serverless_gpu.wire.runpaths import RunPaths
 
@@ -81,6 +82,21 @@ def follow(
         tail.emit(current)
         if deadline is not None and time.monotonic() >= deadline:
             return False
+
+
+def followed(
+    paths: Callable[[], RunPaths],
+    printers: list[Subscriber],
+    wait: Callable[[float], bool],
+    timeout: float | None,
+) -> float | None:
+    """``result(logs=True)``: follow the ranks' logs while ``wait(seconds)`` says the run goes
+    on, until it ends or ``timeout``, the console printers among ``printers`` held back; the
+    time left of ``timeout``."""
+    deadline = deadline_of(timeout)
+    with muted(printers):
+        follow(paths, wait, deadline)
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 @contextlib.contextmanager

@@ -11,11 +11,7 @@ result is loaded once, under a lock, and every reader gets that same value or er
 
 from __future__ import annotations
 
-import contextlib
-import math
-import os
 import queue
-import shutil
 import threading
 import time
 import weakref
@@ -32,10 +28,15 @@ from serverless_gpu.caller.results import (
     load_results,
     with_root_cause,
 )
-from serverless_gpu.caller.runrecord import note_results_gone
-from serverless_gpu.caller.waits import logs_first, still_running
+from serverless_gpu.caller.run_cleanup import drop_bulk_files, spill_results
+from serverless_gpu.caller.waits import (
+    check_timeout,
+    deadline_of,
+    logs_first,
+    read_log,
+    still_running,
+)
 from serverless_gpu.doctor import stacks as _stacks
-from serverless_gpu.runfiles.rundirs import release_run
 from serverless_gpu.wire.events import (
     Event,
     OutputLines,
@@ -48,7 +49,6 @@ from serverless_gpu.wire.events import (
     RunStatus,
     Subscriber,
 )
-from serverless_gpu.wire.runpaths import RunPaths
 
 if TYPE_CHECKING:
     from serverless_gpu.caller.workloads import WorkloadMetadata
@@ -130,7 +130,7 @@ class RunHandle(call_fields.CallFields, Generic[R]):
         self._end_lock = threading.Lock()
         # A handle dropped unread takes its run's leftovers with it (not at exit: the backend's
         # shutdown owns the runs still going then).
-        self._dropped = weakref.finalize(self, _drop_bulk_files, ctx.paths, "dropped")
+        self._dropped = weakref.finalize(self, drop_bulk_files, ctx.paths, "dropped")
         self._dropped.atexit = False
         self.load_values: Callable[[], list[Any]] | None = None
         """Where the backend keeps the ranks' values itself (Ray's object store); None: the
@@ -174,7 +174,7 @@ class RunHandle(call_fields.CallFields, Generic[R]):
         self.poll()
         with self._loading:
             if not self._released and self._outcome is None:
-                self._released = _spill_results(self.context.paths)
+                self._released = spill_results(self.context.paths)
 
     # -- consuming (caller thread) ---------------------------------------------------------
 
@@ -290,7 +290,11 @@ class RunHandle(call_fields.CallFields, Generic[R]):
         timeout, logs = logs_first(timeout, logs)
         if logs:
             # As a reader: the run's end is then handled here, its results read from the twin.
-            timeout = self._print_logs(timeout, self._subscribers, self._wait_as_reader)
+            from serverless_gpu.caller import follow
+
+            timeout = follow.followed(
+                lambda: self.context.paths, self._subscribers, self._wait_as_reader, timeout
+            )
         if not self._wait_as_reader(timeout):
             raise still_running(self.run_id, timeout, self.run_dir)
         values, error = self._load_outcome()
@@ -301,21 +305,6 @@ class RunHandle(call_fields.CallFields, Generic[R]):
         return values
 
     # -- internals -------------------------------------------------------------------------
-
-    def _print_logs(
-        self,
-        timeout: float | None,
-        printers: list[Subscriber],
-        wait: Callable[[float], bool],
-    ) -> float | None:
-        """Follow the ranks' logs while ``wait(seconds)`` says the run goes on, until it ends
-        or ``timeout``, the console printers among ``printers`` held back; the time left."""
-        from serverless_gpu.caller import follow
-
-        deadline = deadline_of(timeout)
-        with follow.muted(printers):
-            follow.follow(lambda: self.context.paths, wait, deadline)
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     def _wait_as_reader(self, timeout: float | None) -> bool:
         """``wait``, as a reader: a run that ends meanwhile is handled here, in this thread
@@ -347,7 +336,7 @@ class RunHandle(call_fields.CallFields, Generic[R]):
         """The run's bulk files are of no more use: drop them and let pruning have the run."""
         self._released = True
         self._dropped.detach()
-        _drop_bulk_files(self.context.paths, "read")
+        drop_bulk_files(self.context.paths, "read")
 
     def _dispatch(self, event: Event) -> None:
         self._hangs.seen(event)
@@ -402,71 +391,6 @@ class RunHandle(call_fields.CallFields, Generic[R]):
             return None, exc
 
 
-def read_log(paths: RunPaths, rank: int) -> str:
-    """Rank ``rank``'s log so far; empty before the rank has started."""
-    try:
-        return paths.log(rank).read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
-
-
 def live_handle(run_id: str) -> RunHandle[Any] | None:
     """This process's handle of the run ``run_id``, while someone holds it."""
     return _LIVE.get(run_id)
-
-
-def check_timeout(timeout: float | None) -> None:
-    """A wait's ``timeout``: None (no limit) or seconds >= 0; NaN would never be reached."""
-    if timeout is not None and (math.isnan(timeout) or timeout < 0):
-        raise ValueError(
-            f"timeout must be None (wait until the run ends) or a number of seconds >= 0, "
-            f"not {timeout!r}"
-        )
-
-
-def deadline_of(timeout: float | None) -> float | None:
-    """When (``time.monotonic()``) a wait of ``timeout`` seconds ends; None: never."""
-    check_timeout(timeout)
-    return None if timeout is None else time.monotonic() + timeout
-
-
-def _drop_bulk_files(paths: RunPaths, because: str) -> None:
-    """Payload and result files can be GBs; logs and error records stay. The record says why
-    they went (``from_run_id`` tells that from a deletion by anything else)."""
-    note_results_gone(paths.run_dir, because)
-    for path in paths.bulk_files():
-        path.unlink(missing_ok=True)
-    if paths.results_dir is not None:
-        shutil.rmtree(paths.results_dir, ignore_errors=True)  # mapped results keep their pages
-    release_run(paths.run_dir)  # the call is over: pruning may take its directory now
-
-
-def _spill_results(paths: RunPaths) -> bool:
-    """A finished run nobody reads yet: its results move from the tmpfs twin into the run
-    directory (disk, not memory), the payload goes, and the run's descriptor is let go (its
-    unread results keep the directory from pruning). False, and nothing released, where the
-    run directory has no room: the results then wait in the twin, as the run's lock does."""
-    paths.payload.unlink(missing_ok=True)
-    twin = paths.results_dir
-    if twin is not None:
-        try:
-            for source in sorted(twin.glob(RunPaths.RESULT_GLOB)):
-                _move(source, paths.run_dir / source.name)
-        except OSError:
-            return False
-        shutil.rmtree(twin, ignore_errors=True)
-    release_run(paths.run_dir)
-    return True
-
-
-def _move(source: os.PathLike[str], target: os.PathLike[str]) -> None:
-    """Copied under a temporary name, then renamed: a reader never sees half a result."""
-    partial = f"{os.fspath(target)}.spill"
-    try:
-        shutil.copyfile(source, partial)
-        os.replace(partial, target)
-    except OSError:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(partial)  # a full disk keeps no half copy
-        raise
-    os.unlink(source)

@@ -17,17 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from serverless_gpu.caller import follow
-from serverless_gpu.caller.handle import (
-    RunHandle,
-    deadline_of,
-    live_handle,
-    logs_first,
-    read_log,
-    register_reattach,
-    still_running,
-)
+from serverless_gpu.caller.handle import RunHandle, live_handle, register_reattach
 from serverless_gpu.caller.results import RunResult, failure_exception, load_results
 from serverless_gpu.caller.runrecord import LOST, RUNNING, RunInfo, read_record
+from serverless_gpu.caller.waits import deadline_of, logs_first, read_log, still_running
 from serverless_gpu.common.errors import (
     ConfigurationError,
     DistributedError,

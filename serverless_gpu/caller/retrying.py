@@ -17,7 +17,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from serverless_gpu.caller.handle import RunHandle, deadline_of, logs_first, still_running
+from serverless_gpu.caller import follow
+from serverless_gpu.caller.handle import RunHandle
 from serverless_gpu.caller.results import RunResult
 from serverless_gpu.caller.retries import (
     Call,
@@ -28,6 +29,7 @@ from serverless_gpu.caller.retries import (
     retryable,
     say_retrying,
 )
+from serverless_gpu.caller.waits import deadline_of, logs_first, still_running
 from serverless_gpu.common.errors import CancelledError
 from serverless_gpu.doctor import stacks as _stacks
 from serverless_gpu.wire.events import Event, RunFinished, RunStatus, Subscriber
@@ -201,7 +203,9 @@ class RetryingHandle(RunHandle[R]):
         __tracebackhide__ = True
         timeout, logs = logs_first(timeout, logs)
         if logs:
-            timeout = self._print_logs(timeout, self._current._subscribers, self.wait)
+            timeout = follow.followed(
+                lambda: self.context.paths, self._current._subscribers, self.wait, timeout
+            )
         deadline = deadline_of(timeout)
         while True:
             run = self._current

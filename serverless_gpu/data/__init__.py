@@ -13,7 +13,7 @@ from serverless_gpu.data.checkpoint import (
 )
 from serverless_gpu.data.checkpointable import Checkpointable
 from serverless_gpu.data.dataloader import DataLoader
-from serverless_gpu.data.dataset import UCVolumeDataset, VolumeDataset
+from serverless_gpu.data.dataset import VolumeDataset
 from serverless_gpu.data.discovery import checkpoint_path, is_complete, latest_checkpoint
 from serverless_gpu.data.errors import (
     CacheFullError,
@@ -33,6 +33,7 @@ from serverless_gpu.data.training_state import (
     load_training_state,
     save_training_state,
 )
+from serverless_gpu.data.uc_dataset import UCVolumeDataset
 
 __all__ = [
     "CacheFullError",

@@ -179,7 +179,8 @@ class DataLoader(torch.utils.data.DataLoader[Any]):
 
 
 def _check_dataset(dataset: object) -> None:
-    from serverless_gpu.data.dataset import UCVolumeDataset, VolumeDataset
+    from serverless_gpu.data.dataset import VolumeDataset
+    from serverless_gpu.data.uc_dataset import UCVolumeDataset
 
     if isinstance(dataset, VolumeDataset) and not isinstance(dataset, UCVolumeDataset):
         raise TypeError(
