@@ -227,9 +227,12 @@ class SessionRun:
         errors = [a.error for a in answers if a.error is not None]
         if errors and any(a.group for a in answers):
             self._reform = number  # generation: unique, and the failed cell's number
+            # interrupted_at is set only by cancel() (a Cancel click, Ctrl-C): the user's own
+            # stop, which must not read as a failure of their code
+            ended = "was cancelled" if cell.interrupted_at is not None else "ended with an error"
             self._say(
-                f"session {self.name!r}: cell {number} ended with an error while a process group "
-                "was up; the group is re-formed before the next cell (the namespace is kept)"
+                f"session {self.name!r}: cell {number} {ended} while a process group was up; "
+                "the group is re-formed before the next cell (the namespace is kept)"
             )
         if errors:
             raise self._cell_error(number, errors)

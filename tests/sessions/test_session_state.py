@@ -70,7 +70,9 @@ def test_peer_blocked_in_a_collective_is_interrupted_and_the_group_re_formed(
     assert list(sess.pull("marker")) == ["object", "object"]
 
 
-def test_cancel_interrupts_every_rank_and_keeps_the_session(sess: Session) -> None:
+def test_cancel_interrupts_every_rank_and_keeps_the_session(
+    sess: Session, capsys: pytest.CaptureFixture[str]
+) -> None:
     pids = sess.exec("os.getpid()")
     sess.exec(GROUP)
     handle = sess.start_exec(
@@ -89,6 +91,9 @@ def test_cancel_interrupts_every_rank_and_keeps_the_session(sess: Session) -> No
         handle.result(timeout=10)
     assert time.monotonic() - started < 3.0
     assert handle.status == "cancelled"
+    said = capsys.readouterr().out
+    assert "was cancelled while a process group was up" in said, said  # the user's stop,
+    assert "error" not in said, said  # not a failure of their code
     assert sess.alive
     assert sess.exec("os.getpid()") == pids
     assert list(sess.exec("t = torch.ones(1); dist.all_reduce(t); t.item()")) == [2.0, 2.0]
