@@ -60,8 +60,8 @@ class TextMirror:
 
     def clear(self) -> None:
         """The run ended: the record holds its last lines, this display holds nothing."""
-        if self._display is not None:  # an empty element of the class: the row stays hidden
-            self._display.update(self._bundle(""), raw=True)
+        if self._display is not None:
+            self._display.update({"text/plain": ""}, raw=True)
             self._display = None
 
     def _show(self, bundle: dict[str, str]) -> None:
