@@ -4,16 +4,13 @@
 when the run's status changes (started, cancelling, stacks taken, ended), so a screen reader
 announces it. Its style sheet, loaded once per page with the first run widget, gives the
 widget a visible focus ring and, in a dark theme, ``[rank N]`` colours from the theme's own
-variables (the inline colours are for light backgrounds: records in nbviewer and GitHub),
-and hides the text copy of the running lines meant for clients that draw no widget.
+variables (the inline colours are for light backgrounds: records in nbviewer and GitHub).
 """
 
 from __future__ import annotations
 
 import anywidget
 import traitlets
-
-from .text_mirror import HIDDEN_CLASS
 
 _ESM = r"""
 function render({ model, el }) {
@@ -48,7 +45,7 @@ _CSS = (
     " clip-path: inset(50%); white-space: nowrap; }\n"
     # The text copy of the live lines (text_mirror.py) is for pages that draw no widget; this
     # page draws them, so the copy and its output row are hidden.
-    f".{HIDDEN_CLASS}, .jp-OutputArea-child:has(.{HIDDEN_CLASS}) {{ display: none !important; }}\n"
+    ".sgpu-text-live, .jp-OutputArea-child:has(.sgpu-text-live) { display: none !important; }\n"
     + ",\n".join(
         f".sgpu-{part} {what}:focus-visible" for part in ("run", "record") for what in _FOCUSABLE
     )
