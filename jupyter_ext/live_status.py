@@ -43,9 +43,6 @@ _FOCUSABLE = ("button", "a", "summary", "input", ".lm-TabBar-tab")
 _CSS = (
     ".sgpu-live { position: absolute; width: 1px; height: 1px; overflow: hidden;"
     " clip-path: inset(50%); white-space: nowrap; }\n"
-    # The text copy of the live lines (text_mirror.py) is for pages that draw no widget; this
-    # page draws them, so the copy and its output row are hidden.
-    ".sgpu-text-live, .jp-OutputArea-child:has(.sgpu-text-live) { display: none !important; }\n"
     + ",\n".join(
         f".sgpu-{part} {what}:focus-visible" for part in ("run", "record") for what in _FOCUSABLE
     )

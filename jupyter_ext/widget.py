@@ -36,7 +36,6 @@ from .formatting import snapshot_text, status_words
 from .live_status import LiveStatus
 from .log_pane import LogPane
 from .runstate import RunView
-from .text_mirror import TextMirror
 from .traceback_text import ipython_labeler
 from .uipoll import UiPump
 from .widget_base import RunWidget, _close
@@ -85,8 +84,6 @@ class WidgetRenderer:
         self.record = ""
         """The finished run as static HTML (empty while it runs)."""
         self._build()
-        self._mirror = TextMirror(self.view, enabled=show)
-        """The latest lines as text, for frontends that draw no widgets."""
         self._display: DisplayHandle | None = None
         if show:
             self._display = display(self.widget, display_id=True)
@@ -204,7 +201,6 @@ class WidgetRenderer:
         self._refresh(force=False)
 
     def _refresh(self, *, force: bool) -> None:
-        self._mirror.refresh()
         now = time.monotonic()
         due = now - self._last_draw >= self.min_interval
         if force or (due and self._drawn.get(-1) != self.view.version):
@@ -262,7 +258,6 @@ class WidgetRenderer:
         for button in (self.cancel_button, self.stacks_button):
             button.disabled = True
             button.layout.display = "none"
-        self._mirror.clear()  # before the record: the cell's last text is the record's
         self._publish_record()
         if self._display is not None:
             self._keep_mlflow_button()

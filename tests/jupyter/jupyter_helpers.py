@@ -84,8 +84,6 @@ class CellOutput:
     text: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     comms: list[dict[str, Any]] = field(default_factory=list)
-    displays: list[dict[str, Any]] = field(default_factory=list)
-    """The bundle of each display_data and update_display_data, in order."""
     done: bool = False
 
     @property
@@ -153,8 +151,6 @@ def _record(out: CellOutput, msg: dict[str, Any]) -> None:
         out.text.append(content["text"])
     elif kind in ("display_data", "execute_result", "update_display_data"):
         out.text.append(content["data"].get("text/plain", "") + "\n")
-        if kind != "execute_result":
-            out.displays.append(content["data"])
     elif kind == "error":
         out.errors.append("\n".join(content["traceback"]))
     elif kind == "comm_open":
