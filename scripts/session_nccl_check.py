@@ -21,6 +21,7 @@ process's rows as it ends; exits 1 if any case failed. The driver is
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -104,6 +105,15 @@ def main() -> int:
     world = args.ranks or (2 if args.cpu else min(2, _gpus()))
     if world < 1:
         print("no GPU visible: run with --cpu for the gloo half", file=sys.stderr)
+        return 2
+    if importlib.util.find_spec("setproctitle") is None:
+        # The driver finds the standby ranks of a pre-formed group by their process titles:
+        # without them every pre-formed case would wait its minute and fail.
+        print(
+            "setproctitle is not installed in this interpreter: `python -m pip install "
+            "setproctitle` (a dependency of serverless-gpu)",
+            file=sys.stderr,
+        )
         return 2
     print(f"session fault matrix: {device}, {world} rank(s) per session", flush=True)
     print(HEADER, flush=True)
