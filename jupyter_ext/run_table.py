@@ -31,7 +31,8 @@ from serverless_gpu.wire.events import RunStatus
 
 from . import html_view, table_view
 from .sparkline import MetricTrail, key_metric
-from .widget import RunWidget, WidgetRenderer, _close
+from .widget import WidgetRenderer
+from .widget_base import RunWidget, _close
 
 POLL_S = 0.25
 _MAX_POLL_S = 7 * 24 * 3600.0
