@@ -31,7 +31,6 @@ from serverless_gpu.tracking.settings import MESSAGE_KIND, RANK_INITIALIZER
 from serverless_gpu.tracking.spill import Spill
 from serverless_gpu.tracking.writer import Writer
 from serverless_gpu.wire.events import Event, RankMessage, RunFinished, RunStarted, SystemMetrics
-from serverless_gpu.wire.session import CELL_DONE
 
 _open: set[RunTracker] = set()
 """Trackers whose run has not ended; ended as KILLED if the caller exits first."""
@@ -140,8 +139,8 @@ class RunTracker:
                 self.writer.batch(event.rank, event.time, event.data)
             else:
                 self.spill.write("batch", event.rank, event.time, event.data)
-        elif isinstance(event, RankMessage) and event.kind == CELL_DONE and event.rank == 0:
-            self._keep_cell(event.data.number)
+        elif isinstance(event, RankMessage) and event.cell_ended is not None and event.rank == 0:
+            self._keep_cell(event.cell_ended)
         elif isinstance(event, SystemMetrics) and self.writer is not None:
             self.writer.system(event.time, event.values)
         elif isinstance(event, RunStarted):
