@@ -13,20 +13,24 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serverless_gpu.caller.hangs import warning_text
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.common import settings
 from serverless_gpu.common.errors import exit_words
 from serverless_gpu.tracking import LatestMetrics
 from serverless_gpu.wire.events import (
     Event,
+    EventSubscriber,
     OutputLines,
     RankFinished,
     RankMessage,
+    RanksSilent,
     RankStarted,
     RankState,
     RunFinished,
     RunStarted,
     RunStatus,
+    RunWaiting,
 )
 
 from . import progress
@@ -149,8 +153,8 @@ STARTING_PHASES = ("MLflow run", "launcher", "ranks")
 """What a run waits for before its ranks run, in order (the header says which)."""
 
 
-class RunView:
-    """The state of one run as the renderers draw it."""
+class RunView(EventSubscriber):
+    """The state of one run as the renderers draw it: the events folded in (:meth:`apply`)."""
 
     def __init__(self, ctx: RunContext, max_lines: int | None = None) -> None:
         placement = ctx.placement
@@ -191,39 +195,49 @@ class RunView:
         self.version = 0
         """Bumped on every change to any rank."""
 
-    def apply(self, event: Event | object) -> bool:
-        """Fold one event in; False for event types this renderer does not know."""
-        if isinstance(event, RunStarted):
-            self.phase = STARTING_PHASES[2]
-        elif isinstance(event, RankStarted):
-            self._rank_started(event)
-        elif isinstance(event, OutputLines):
-            self.ranks[event.rank].add_output(event.stream, event.lines)
-            self.merged.extend((event.rank, p[:-1]) for p in event.lines if p.endswith("\n"))
-        elif isinstance(event, RankFinished):
-            self._rank_finished(event)
-        elif isinstance(event, RunFinished):
-            self._run_finished(event)
-        elif isinstance(event, RankMessage) and self.metrics.update(event):
-            self._metric_point()
-        else:
-            return False
+    def apply(self, event: Event) -> bool:
+        """Fold one event in; False for events that change nothing shown here."""
+        before = self.version
+        self(event)
+        return self.version != before
+
+    def on_run_started(self, event: RunStarted) -> None:
+        self.phase = STARTING_PHASES[2]
         self.version += 1
-        return True
+
+    def on_rank_started(self, event: RankStarted) -> None:
+        rank = self.ranks[event.rank]
+        rank.state, rank.pid, rank.started = RankShown.RUNNING, event.pid, event.time
+        rank.node = event.node
+        rank.version += 1
+        self.status = RunStatus.RUNNING
+        self.version += 1
+
+    def on_output_lines(self, event: OutputLines) -> None:
+        self.ranks[event.rank].add_output(event.stream, event.lines)
+        self.merged.extend((event.rank, p[:-1]) for p in event.lines if p.endswith("\n"))
+        self.version += 1
+
+    def on_rank_message(self, event: RankMessage) -> None:
+        if self.metrics.update(event):
+            self._metric_point()
+            self.version += 1
+
+    def on_run_waiting(self, event: RunWaiting) -> None:
+        if event.message:  # kept for the record; not a change the ranks' view shows
+            self.waited = event.message
+
+    def on_ranks_silent(self, event: RanksSilent) -> None:
+        if event.ranks:
+            self.hang_warning = warning_text(event)
 
     def _metric_point(self) -> None:
         key = key_metric(self.metrics)
         if key is not None:
             self.metric_history.append(self.metrics.values[key][0])
 
-    def _rank_started(self, event: RankStarted) -> None:
-        rank = self.ranks[event.rank]
-        rank.state, rank.pid, rank.started = RankShown.RUNNING, event.pid, event.time
-        rank.node = event.node
-        rank.version += 1
-        self.status = RunStatus.RUNNING
-
-    def _rank_finished(self, event: RankFinished) -> None:
+    def on_rank_finished(self, event: RankFinished) -> None:
+        self.version += 1
         rank = self.ranks[event.rank]
         rank.finished = event.time
         rank.state = RankShown.of(event.state)
@@ -238,7 +252,8 @@ class RunView:
         rank.provisional.clear()
         rank.version += 1
 
-    def _run_finished(self, event: RunFinished) -> None:
+    def on_run_finished(self, event: RunFinished) -> None:
+        self.version += 1
         self.status = event.status
         self.finished = event.time
         self.message = event.message

@@ -26,10 +26,9 @@ from serverless_gpu.caller.session import CellHandle
 from serverless_gpu.common.describe import describe_value
 from serverless_gpu.common.errors import CancelledError, failures_of, rank_of
 from serverless_gpu.wire.events import (
-    OutputLines,
+    Event,
+    EventSubscriber,
     RankFinished,
-    RankMessage,
-    RanksSilent,
     RankStarted,
     RankState,
     RunFinished,
@@ -62,7 +61,7 @@ def _renderer(ctx: RunContext, shell: Any) -> Any:
     return CellRenderer(ctx, shell)
 
 
-class CellWidget:
+class CellWidget(EventSubscriber):
     def __init__(self, shell: Any, session: Session, cell: CellHandle, count: int) -> None:
         run = session.core
         self.session = session
@@ -82,9 +81,12 @@ class CellWidget:
         for rank in range(self.world):
             self.renderer(RankStarted(self.run_id, rank, run.pids.get(rank, 0), now))
 
-    def __call__(self, event: object) -> None:
-        if isinstance(event, OutputLines | RankMessage | RanksSilent):
-            self.renderer(event)
+    def on_output_lines(self, event: Event) -> None:
+        """The cell's output, metrics and hang warnings go to its widget; its start and end are
+        made here from the cell's outcome (the session's run goes on)."""
+        self.renderer(event)
+
+    on_rank_message = on_ranks_silent = on_output_lines
 
     @contextlib.contextmanager
     def following(self) -> Iterator[None]:

@@ -21,15 +21,8 @@ from urllib.parse import urlsplit
 import ipywidgets as widgets
 from IPython.display import DisplayHandle, display
 
-from serverless_gpu.caller.hangs import warning_text
 from serverless_gpu.caller.hooks import RunContext
-from serverless_gpu.wire.events import (
-    OutputLines,
-    RankMessage,
-    RanksSilent,
-    RunFinished,
-    RunWaiting,
-)
+from serverless_gpu.wire.events import Event, EventSubscriber, RanksSilent, RunFinished, RunWaiting
 
 from . import html_view, stacks_view
 from .formatting import snapshot_text, status_words
@@ -39,8 +32,6 @@ from .runstate import RunView
 from .traceback_text import ipython_labeler
 from .uipoll import UiPump
 from .widget_base import RunWidget, _close
-
-__all__ = ["RunWidget", "WidgetRenderer", "_close"]
 
 MIN_INTERVAL_S = 0.25
 ADDRESS_WAIT_S = 10.0
@@ -52,7 +43,7 @@ _UI_FAILED = "the MLflow UI did not start"
 ALL_RANKS = "all ranks"
 
 
-class WidgetRenderer:
+class WidgetRenderer(EventSubscriber):
     """Subscriber that draws one run into a widget displayed in the running cell."""
 
     def __init__(
@@ -158,25 +149,32 @@ class WidgetRenderer:
 
     # -- events and ticks (the waiting thread) --------------------------------------------
 
-    def __call__(self, event: object) -> None:
-        if isinstance(event, RunWaiting):  # a cluster that must grow first
-            self.warning.value = stacks_view.hang_html(event.message) if event.message else ""
-            if event.message:
-                self.view.waited = event.message
-                self.live.say(event.message)
-            return
-        if isinstance(event, RanksSilent):
-            self.warning.value = stacks_view.silent_html(event)
-            if event.ranks:
-                self.view.hang_warning = warning_text(event)
-                self.live.say(self.view.hang_warning)
-            return
-        if not self.view.apply(event):
-            return
-        if isinstance(event, RunFinished):
+    def on_run_waiting(self, event: RunWaiting) -> None:  # a cluster that must grow first
+        self.view(event)
+        self.warning.value = stacks_view.hang_html(event.message) if event.message else ""
+        if event.message:
+            self.live.say(event.message)
+
+    def on_ranks_silent(self, event: RanksSilent) -> None:
+        self.view(event)
+        self.warning.value = stacks_view.silent_html(event)
+        if event.ranks:
+            self.live.say(self.view.hang_warning)
+
+    def on_run_started(self, event: Event) -> None:  # a state changed: redrawn at once
+        if self.view.apply(event):
+            self._refresh(force=True)
+
+    def on_output_lines(self, event: Event) -> None:  # output, metrics: at most every interval
+        if self.view.apply(event):
+            self._refresh(force=False)
+
+    on_rank_started = on_rank_finished = on_run_started
+    on_rank_message = on_output_lines
+
+    def on_run_finished(self, event: RunFinished) -> None:
+        if self.view.apply(event):
             self._finish()
-        else:
-            self._refresh(force=not isinstance(event, (OutputLines, RankMessage)))
 
     def set_phase(self, phase: str) -> None:
         """What the run waits for while it starts (the hooks are done: the launcher next)."""

@@ -141,14 +141,13 @@ def load_saved(paths: RunPaths, world_size: int) -> dict[int, str]:
 
 def _mark_main(text: str, main_ident: str) -> str:
     """faulthandler names threads by id only: the main thread, the one users look for, is
-    marked and put first, its frames below the user's function (the rank's start, forked from
-    the launcher's loop) are left out, and so is our doctor thread; the raw dumps stay in
-    ``RunPaths.stacks_dumps``."""
-    blocks = [
-        b for b in text.split("\n\n") if b.strip() and _DOCTOR not in b and not _session_reader(b)
-    ]
+    marked and put first, its frames below the user's code (the rank's start, a session's loop
+    of cells: the rank's own code) are left out, and so are the threads the rank's code started
+    (the doctor's, a session's cell reader); the raw dumps stay in ``RunPaths.stacks_dumps``.
+    Nothing here names a kind of run: the rank's own code is the ``serverless_gpu/rank`` package."""
+    blocks = [b for b in text.split("\n\n") if b.strip()]
     main = [b for b in blocks if main_ident and _is_thread(b, main_ident)]
-    others = [b for b in blocks if b not in main]
+    others = [b for b in blocks if b not in main and not _ranks_own_thread(b)]
     shown = [_main_block(b) for b in main[:1]] + others
     return "\n\n".join(b.rstrip("\n") for b in shown) + "\n"
 
@@ -157,26 +156,39 @@ def _is_thread(block: str, ident: str) -> bool:
     return block.startswith((f"Current thread 0x{ident}", f"Thread 0x{ident}"))
 
 
-def _session_reader(block: str) -> bool:
-    """A persistent session's thread that reads the caller's cells (``rank/session_loop.py``)."""
-    return any(_SESSION in line and line.endswith(" in read") for line in block.splitlines())
-
-
-_SESSION = f'{os.sep}serverless_gpu{os.sep}rank{os.sep}session_loop.py"'
+def _ranks_own_thread(block: str) -> bool:
+    """A thread whose target is the rank's own code: its outermost frame after threading's."""
+    frames = [line for line in block.splitlines() if line.startswith("  File ")]
+    started = [f for f in frames if _THREADING not in f]
+    return bool(started) and _RANK_CODE in started[-1]
 
 
 def _main_block(block: str) -> str:
+    """The main thread's frames above the rank's own code where the stack begins."""
     header, _, frames = block.partition("\n")
     header = "Main thread 0x" + header.split(" 0x", 1)[1]
-    kept = []
-    for line in frames.splitlines():
-        if line.startswith("  File ") and (_WORKER in line or _SESSION in line):
-            break  # the rank's start, or a persistent session's loop of cells
-        kept.append(line)
-    return "\n".join([header, *kept])
+    lines = frames.splitlines()
+    return "\n".join([header, *lines[: _user_end(lines)]])
 
 
-# The rank's start (rank/main.py) and its doctor thread (rank/doctor.py), as faulthandler names
-# them; tests/core/test_stacks.py reads a real rank's stacks, so a move of either shows there.
-_WORKER = f'{os.sep}serverless_gpu{os.sep}rank{os.sep}main.py"'
-_DOCTOR = f'{os.sep}serverless_gpu{os.sep}rank{os.sep}doctor.py"'
+def _user_end(lines: list[str]) -> int:
+    """Where the bottom-most run of the rank's own frames begins (most recent call first):
+    below the user's code are the rank's start and a session's loop of cells, then what forked
+    the rank (the launcher's loop)."""
+    end = len(lines)
+    seen = False
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
+        if not line.startswith("  File "):
+            continue
+        if _RANK_CODE in line:
+            end, seen = i, True
+        elif seen:
+            break
+    return end
+
+
+# The rank's own code and threading's frames, as faulthandler names their files;
+# tests/core/test_stacks.py and tests/sessions read real ranks' stacks, so a move shows there.
+_RANK_CODE = f"{os.sep}serverless_gpu{os.sep}rank{os.sep}"
+_THREADING = f'{os.sep}threading.py"'

@@ -29,6 +29,7 @@ from serverless_gpu.wire.events import (
     RankStarted,
     RankState,
     RunStatus,
+    ends_cell,
 )
 from serverless_gpu.wire.outcome import RunOutcome
 from serverless_gpu.wire.protocol import (
@@ -39,7 +40,6 @@ from serverless_gpu.wire.protocol import (
     UserCodeStarted,
 )
 from serverless_gpu.wire.runspec import RunSpec
-from serverless_gpu.wire.session import CELL_DONE
 
 _DRAIN_ROUNDS = 64
 """Reads of an exited rank's channel (16 MiB each) before its last messages are given up."""
@@ -218,7 +218,7 @@ class RunSupervisor:
         elif isinstance(message, RankDone):
             self._rank_done(rank, message)
         elif isinstance(message, ToCaller):
-            if message.kind == CELL_DONE:  # a session cell's output goes before its end
+            if ends_cell(message.data):  # a session cell's output goes before its end
                 self.output.read_all(rank)
             self.emit(RankMessage(self.spec.run_id, rank, message.kind, message.data, message.time))
 

@@ -30,8 +30,14 @@ from serverless_gpu.tracking.run_setup import MlflowRun, mlflow_env, open_run
 from serverless_gpu.tracking.settings import MESSAGE_KIND, RANK_INITIALIZER
 from serverless_gpu.tracking.spill import Spill
 from serverless_gpu.tracking.writer import Writer
-from serverless_gpu.wire.events import Event, RankMessage, RunFinished, RunStarted, SystemMetrics
-from serverless_gpu.wire.session import CELL_DONE
+from serverless_gpu.wire.events import (
+    Event,
+    EventSubscriber,
+    RankMessage,
+    RunFinished,
+    RunStarted,
+    SystemMetrics,
+)
 
 _open: set[RunTracker] = set()
 """Trackers whose run has not ended; ended as KILLED if the caller exits first."""
@@ -113,7 +119,7 @@ def store_uri() -> str:
     return mlflow.get_tracking_uri()
 
 
-class RunTracker:
+class RunTracker(EventSubscriber):
     """The subscriber of one tracked call."""
 
     def __init__(
@@ -135,21 +141,28 @@ class RunTracker:
             _open.add(self)
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, RankMessage) and event.kind == MESSAGE_KIND:
+        super().__call__(event)
+        if self.writer is not None and self.writer.failure is not None:
+            self.warn_untracked(self.writer.failure, started=True)
+
+    def on_rank_message(self, event: RankMessage) -> None:
+        if event.kind == MESSAGE_KIND:
             if self.writer is not None:
                 self.writer.batch(event.rank, event.time, event.data)
             else:
                 self.spill.write("batch", event.rank, event.time, event.data)
-        elif isinstance(event, RankMessage) and event.kind == CELL_DONE and event.rank == 0:
-            self._keep_cell(event.data.number)
-        elif isinstance(event, SystemMetrics) and self.writer is not None:
+        elif event.cell_ended is not None and event.rank == 0:
+            self._keep_cell(event.cell_ended)
+
+    def on_system_metrics(self, event: SystemMetrics) -> None:
+        if self.writer is not None:
             self.writer.system(event.time, event.values)
-        elif isinstance(event, RunStarted):
-            self._announce()
-        elif isinstance(event, RunFinished):
-            self._finish(mlflow_status(event), outcome_tags(event, self.ctx.paths))
-        if self.writer is not None and self.writer.failure is not None:
-            self.warn_untracked(self.writer.failure, started=True)
+
+    def on_run_started(self, event: RunStarted) -> None:
+        self._announce()
+
+    def on_run_finished(self, event: RunFinished) -> None:
+        self._finish(mlflow_status(event), outcome_tags(event, self.ctx.paths))
 
     def _keep_cell(self, number: int) -> None:
         """A session cell's code as the run's artifact ``cells/0003.py`` (pull and push cells

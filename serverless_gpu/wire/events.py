@@ -5,6 +5,8 @@ captures output or polls processes on its own. Events are small frozen dataclass
 process boundaries (launcher -> caller) by pickle.
 
 Subscribers are called in the thread that waits on the run (``RunHandle.wait``), in event order.
+A subscriber is any callable; renderers derive from :class:`EventSubscriber`, which dispatches each
+event once, by its type, to one method per kind of event.
 """
 
 from __future__ import annotations
@@ -264,6 +266,21 @@ class RunFinished:
         return root.message if root is not None else ""
 
 
+class CellEnd:
+    """The base of what a rank sends (``runtime.send_to_caller``) to end one cell of a run that
+    goes on: a persistent session's answer to a cell (``wire/session.py``'s ``CellDone``). It is
+    the protocol's flag for that case: the launcher forwards the output the rank wrote before
+    it, tracking keeps the cell's code; nobody matches a message's kind by name."""
+
+    number: int
+    """The cell's number, from 1."""
+
+
+def ends_cell(data: object) -> bool:
+    """Whether a rank's message to the caller ends a cell (the run goes on)."""
+    return isinstance(data, CellEnd)
+
+
 @dataclass(frozen=True)
 class RankMessage:
     """Data a rank sent to the caller with ``runtime.send_to_caller`` (e.g. buffered metrics)."""
@@ -273,6 +290,12 @@ class RankMessage:
     kind: str
     data: Any
     time: float
+
+    @property
+    def cell_ended(self) -> int | None:
+        """The number of the cell this message ends while the run goes on (a persistent
+        session's answer, :class:`CellEnd`); None for any other message."""
+        return self.data.number if isinstance(self.data, CellEnd) else None
 
 
 @dataclass(frozen=True)
@@ -315,3 +338,56 @@ Event = (
     | RanksSilent
 )
 Subscriber = Callable[[Event], None]
+
+
+class EventSubscriber:
+    """A subscriber with one method per kind of event, each doing nothing unless overridden (as
+    Ray Train v2's callbacks): an event is dispatched once, here, by its type. The console, the
+    text renderer, the widget and the view they fold the run into derive from it.
+
+    A new event is a dataclass above, a member of :data:`Event`, its method here and its entry
+    in ``_HANDLERS``; a subscriber that shows it overrides the method."""
+
+    def __call__(self, event: Event) -> None:
+        name = _HANDLERS.get(type(event))
+        if name is not None:
+            getattr(self, name)(event)
+
+    def on_run_started(self, event: RunStarted) -> None: ...
+
+    def on_run_queued(self, event: RunQueued) -> None: ...
+
+    def on_run_waiting(self, event: RunWaiting) -> None: ...
+
+    def on_run_scheduled(self, event: RunScheduled) -> None: ...
+
+    def on_rank_started(self, event: RankStarted) -> None: ...
+
+    def on_output_lines(self, event: OutputLines) -> None: ...
+
+    def on_rank_finished(self, event: RankFinished) -> None: ...
+
+    def on_run_finished(self, event: RunFinished) -> None: ...
+
+    def on_rank_message(self, event: RankMessage) -> None: ...
+
+    def on_system_metrics(self, event: SystemMetrics) -> None: ...
+
+    def on_ranks_silent(self, event: RanksSilent) -> None: ...
+
+
+_HANDLERS: dict[type, str] = {
+    RunStarted: "on_run_started",
+    RunQueued: "on_run_queued",
+    RunWaiting: "on_run_waiting",
+    RunScheduled: "on_run_scheduled",
+    RankStarted: "on_rank_started",
+    OutputLines: "on_output_lines",
+    RankFinished: "on_rank_finished",
+    RunFinished: "on_run_finished",
+    RankMessage: "on_rank_message",
+    SystemMetrics: "on_system_metrics",
+    RanksSilent: "on_ranks_silent",
+}
+"""Each event type's method of :class:`EventSubscriber` (``tests/core/test_console.py`` checks
+that every member of :data:`Event` has one)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from serverless_gpu.wire.events import CellEnd
 from serverless_gpu.wire.protocol import ErrorRecord
 
 CELL_DONE = "serverless_gpu.session.cell"
@@ -60,7 +61,9 @@ class CloseSession:
 
 
 @dataclass(frozen=True)
-class CellDone:
+class CellDone(CellEnd):
+    """A rank's answer to a cell: a :class:`CellEnd`, the protocol's flag of a cell's end."""
+
     number: int
     error: ErrorRecord | None = None
     value: bytes | None = None

@@ -144,3 +144,52 @@ def test_a_rank_that_reset_its_signals_is_never_killed_by_a_stacks_request(tmp_p
     handle.cancel()
     with pytest.raises(CancelledError):
         handle.result(timeout=60)
+
+
+def test_the_ranks_own_frames_and_threads_are_left_out_by_package_not_by_kind_of_run() -> None:
+    """The rank's start, a session's loop of cells and the threads the rank's code started are
+    the rank's own code (``serverless_gpu/rank``): left out of the stacks shown, sessions or
+    not; a user's thread made of threading's frames only stays."""
+    from serverless_gpu.doctor.stacks import _mark_main
+
+    pkg = "/site/serverless_gpu"
+
+    def frame(path: str, name: str) -> str:
+        return f'  File "{path}", line 1 in {name}'
+
+    def thread(ident: str, *frames: str, current: bool = False) -> str:
+        head = "Current thread" if current else "Thread"
+        return "\n".join([f"{head} 0x{ident} (most recent call first):", *frames])
+
+    threading_run = frame("/usr/lib/python3.11/threading.py", "run")
+    text = "\n\n".join(
+        [
+            thread(
+                "0a",
+                frame(f"{pkg}/wire/session.py", "read_frame"),
+                frame(f"{pkg}/rank/session_loop.py", "read"),
+                threading_run,
+            ),
+            thread("0b", frame("/usr/lib/python3.11/threading.py", "wait"), threading_run),
+            thread("0c", frame(f"{pkg}/rank/doctor.py", "_serve"), threading_run),
+            thread(
+                "01",
+                frame("/usr/lib/python3.11/queue.py", "get"),
+                frame(f"{pkg}/rank/runtime.py", "heartbeat"),
+                frame("<Cell In[3]>", "cell"),
+                frame(f"{pkg}/rank/session_loop.py", "run_code"),
+                frame(f"{pkg}/rank/main.py", "_run"),
+                frame(f"{pkg}/launcher_process/loop.py", "run"),
+                current=True,
+            ),
+        ]
+    )
+    shown = _mark_main(text, "01")
+    blocks = shown.strip().split("\n\n")
+    assert blocks[0].splitlines() == [
+        "Main thread 0x01 (most recent call first):",
+        frame("/usr/lib/python3.11/queue.py", "get"),
+        frame(f"{pkg}/rank/runtime.py", "heartbeat"),
+        frame("<Cell In[3]>", "cell"),
+    ]
+    assert [b.split(" (")[0] for b in blocks[1:]] == ["Thread 0x0b"]
