@@ -19,6 +19,8 @@ if ! .venv/bin/python -m pip show -q deepspeed >/dev/null 2>&1; then
   pip_install --no-build-isolation -c .ci/constraints-ci.txt deepspeed==0.19.8
 fi
 say_torch
+say "installed in ${SECONDS} s"
+stage=$SECONDS
 
 if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
@@ -40,6 +42,9 @@ site=$(mktemp -d)
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
 rm -rf "$site"
 
+say "lint, types, notebooks and docs checked in $((SECONDS - stage)) s"
+stage=$SECONDS
+
 # Tests write only to temporary folders: the suite must leave every tracked file as it found it
 # (a screenshot is refreshed by its own command, never by the tests).
 tracked_state() { git diff HEAD --binary 2>/dev/null | sha256sum; }
@@ -47,8 +52,9 @@ before=$(tracked_state)
 status=0
 # Two workers (pytest-xdist), a test module to each at a time (tests/conftest.py groups them):
 # most tests wait on processes they start, so two share two cores well.
-.venv/bin/python -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@" \
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" --dist loadfile --durations=30 "$@" \
   || status=$?
+say "tests ran in $((SECONDS - stage)) s (the whole script: ${SECONDS} s)"
 if [ "$(tracked_state)" != "$before" ]; then
   echo "scripts/test.sh: the test suite changed tracked files:" >&2
   git status --short --untracked-files=no >&2
