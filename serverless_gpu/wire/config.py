@@ -66,7 +66,7 @@ class DistributedConfig:
     ``"cpu"``) is read as ``gpu_type``. CPU mode ignores the shape as it ignores ``gpu_type``."""
     timeout: float | None = option(
         DEFAULT_TIMEOUT,
-        "Seconds before every rank is stopped, or 'none' (default 10800: 3 h).",
+        f"Seconds before every rank is stopped, or 'none' (default {DEFAULT_TIMEOUT / 3600:g} h).",
         (SIGNATURE, MAGIC, CLI, JOB_FILE),
         SECONDS,
         job_key="timeout_minutes",
