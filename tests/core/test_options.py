@@ -50,7 +50,7 @@ def test_every_option_is_a_keyword_of_the_decorator_and_no_other_word_is() -> No
 def test_the_magics_flags_are_the_options_declared_for_it() -> None:
     from jupyter_ext.magics import DistributedMagics
 
-    parser = DistributedMagics.distributed.parser  # type: ignore[attr-defined]
+    parser = DistributedMagics.distributed.parser  # type: ignore[union-attr]  # magic_arguments
     own = {"help", "out", "session", "run_async"}  # the magic's own: not options of a call
     flags = {a.dest: a.default for a in parser._actions if a.dest not in own}
     assert flags == _declared(MAGIC)
@@ -73,5 +73,5 @@ def test_the_job_files_keys_are_the_options_declared_for_it() -> None:
     expected = {o.job_key: o.default for o in declared(DistributedConfig, JOB_FILE)}
     expected["timeout_minutes"] /= 60  # the file's unit
     assert keys == expected
-    job = JobSpec(script="t.py", timeout_minutes=2, gpus=3)
+    job = JobSpec.model_validate({"script": "t.py", "timeout_minutes": 2, "gpus": 3})
     assert job.config_options() == {**_declared(JOB_FILE), "timeout": 120.0, "gpus": 3}
