@@ -8,62 +8,46 @@ from __future__ import annotations
 
 import argparse
 import keyword
-import math
 import re
 import shlex
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument
 
-from serverless_gpu.api.decorator import DEFAULT_TIMEOUT
-from serverless_gpu.common import backend_names
-from serverless_gpu.wire.config import OUTPUT_CHOICES
+from serverless_gpu.common.options import MAGIC, SWITCH, Declared, declared
+from serverless_gpu.wire.config import DistributedConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 _KEY_VALUE = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)=(.*)$", re.DOTALL)
 
 
-class _KnownBackends:
-    """``--backend``'s choices, read when a cell is parsed: the built-ins and the backend
-    plug-ins installed now (``serverless_gpu.backends.registry``)."""
+class _Choices:
+    """An option's words, read when a cell is parsed: ``--backend`` takes the backend plug-ins
+    installed by then (``serverless_gpu.backends.registry``)."""
 
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and backend_names.is_known(name)
+    def __init__(self, choices: Callable[[], Collection[str]]) -> None:
+        self._choices = choices
+
+    def __contains__(self, word: object) -> bool:
+        return word in self._choices()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(backend_names.known_names())
+        return iter(self._choices())
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
-    return value
+def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """The option's parser, its ``ValueError`` as argparse's own error (its words kept)."""
 
+    def typed(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
-def _timeout(text: str) -> float | None:
-    if text.lower() in ("none", "inf"):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, not {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {text!r}")
-    return value
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected True or False, not {text!r}")
+    typed.__name__ = getattr(parse, "__name__", "value")
+    return typed
 
 
 def identifier(text: str) -> str:
@@ -79,60 +63,31 @@ def _apply(func: F, *decorators: Callable[[F], F]) -> F:
     return func
 
 
-def placement_arguments(func: F) -> F:
-    """``--gpus``, ``--gpu-type``, ``--remote`` and ``--backend``: where the ranks run."""
-    return _apply(
-        func,
-        argument("--gpus", type=_positive_int, default=None, help="Ranks to start (one per GPU)."),
-        argument(
-            "--gpu-type",
-            "--gpu_type",
-            dest="gpu_type",
-            default=None,
-            help="Expected accelerator (H100, A100, ..., or cpu for CPU ranks).",
-        ),
-        argument(
-            "--remote",
-            type=_bool,
-            nargs="?",
-            const=True,
-            default=False,
-            help="Run on the connected Ray cluster (remote=True).",
-        ),
-        argument(
-            "--backend",
-            choices=_KnownBackends(),
-            default=None,
-            help="Where ranks run: this machine (local), the Ray cluster (ray), or an installed "
-            "backend plug-in.",
-        ),
-    )
+def _argument(option: Declared) -> Callable[[F], F]:
+    """The flag of one declared option: ``--gpu-type`` (and ``--gpu_type``, the spelling a
+    ``gpu_type=`` word becomes), a switch as ``--remote`` or, on by default, ``--no-tracking``."""
+    kind = option.kind
+    names = [option.flag]
+    if not option.option.flag and "_" in option.name:
+        names.append("--" + option.name)
+    common: dict[str, Any] = {"dest": option.name, "help": option.option.help}
+    if kind is SWITCH and option.default is True:
+        return argument(f"--no-{option.flag[2:]}", action="store_false", **common)
+    if kind is SWITCH:
+        common.update(nargs="?", const=True)
+    if kind.choices is not None:
+        return argument(*names, choices=_Choices(kind.choices), default=option.default, **common)
+    return argument(*names, type=_typed(kind.parse), default=option.default, **common)
 
 
-def run_arguments(func: F) -> F:
-    """``--timeout``, ``--name``, ``--no-tracking``, ``--output``: how the run goes and shows."""
-    return _apply(
-        func,
-        argument(
-            "--timeout",
-            type=_timeout,
-            default=DEFAULT_TIMEOUT,
-            help="Seconds before every rank is killed ('none' for no limit).",
-        ),
-        argument("--name", default=None, help="Run name (MLflow); defaults to the cell's name."),
-        argument(
-            "--no-tracking",
-            dest="tracking",
-            action="store_false",
-            help="Do not record this run in MLflow.",
-        ),
-        argument(
-            "--output",
-            choices=OUTPUT_CHOICES,
-            default="default",
-            help="Which rank output the text display prints.",
-        ),
-    )
+def option_arguments(func: F) -> F:
+    """The flags of every option declared for the magic (``common/options.py``)."""
+    return _apply(func, *(_argument(o) for o in declared(DistributedConfig, MAGIC)))
+
+
+def config_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The declared options' values a parsed line holds, by name."""
+    return {o.name: getattr(args, o.name) for o in declared(DistributedConfig, MAGIC)}
 
 
 def result_arguments(func: F) -> F:

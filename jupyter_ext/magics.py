@@ -56,8 +56,7 @@ class CellSyntaxError(Exception):
 class DistributedMagics(Magics):
     @cell_magic
     @magic_arguments(name="%distributed")  # usage then reads "%%distributed"
-    @magic_args.placement_arguments
-    @magic_args.run_arguments
+    @magic_args.option_arguments
     @magic_args.result_arguments
     @argument(
         "--session",
@@ -168,17 +167,8 @@ class DistributedMagics(Magics):
 
     def _config(self, args: Any) -> DistributedConfig:
         try:
-            return DistributedConfig(
-                gpus=args.gpus,
-                gpu_type=args.gpu_type,
-                timeout=args.timeout,
-                output=args.output,
-                run_name=args.name,
-                tracking=args.tracking,
-                remote=args.remote,
-                backend=args.backend,
-                standby=False,  # a cell runs once: nothing to prepare ahead of it
-            )
+            # a cell runs once: nothing to prepare ahead of it
+            return DistributedConfig(**magic_args.config_options(args), standby=False)
         except ConfigurationError as exc:
             raise UsageError(f"{exc}\n\n{magic_args.usage(self.distributed)}") from None
 

@@ -27,6 +27,7 @@ from serverless_gpu.caller.console import ConsolePrinter
 from serverless_gpu.caller.results import RunResult
 from serverless_gpu.common import backend_names
 
+from . import magic_args
 from .hook import widgets_wanted
 
 _sessions: dict[str, tuple[Session, dict[str, Any]]] = {}
@@ -42,14 +43,13 @@ def session_options(args: Any) -> dict[str, Any]:
         )
     if args.run_async:
         raise UsageError("--session cells wait for their ranks: --async is for one-off cells")
-    return {
-        "gpus": args.gpus,
-        "gpu_type": args.gpu_type,
-        "tracking": args.tracking,
-        "run_name": args.name,
-        "output": args.output,
-        "timeout": None if args.timeout == DEFAULT_TIMEOUT else args.timeout,
-    }
+    # Every option of the magic but where the ranks run (checked above); a session has no
+    # limit unless the cell names one.
+    options = magic_args.config_options(args)
+    del options["remote"], options["backend"]
+    if options["timeout"] == DEFAULT_TIMEOUT:
+        options["timeout"] = None
+    return options
 
 
 def check_same(name: str, given: dict[str, Any]) -> None:

@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import enum
-import errno
 import functools
-import importlib.util
-import os
 import sys
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
 from serverless_gpu import tracking as _tracking  # noqa: F401 - registers the MLflow run hook (lazy mlflow)
 from serverless_gpu.api.functions import check_function, gpus_per_node
+from serverless_gpu.api.prewarm import join_prewarm as join_prewarm
+from serverless_gpu.api.prewarm import prewarm, start_prewarm
+from serverless_gpu.api.prewarm import warm_up as warm_up
+from serverless_gpu.api.start_errors import os_error, working_directory
 from serverless_gpu.api.trials import call_params, trial_arguments
 from serverless_gpu.backends import registry
 from serverless_gpu.backends.base import Backend
-from serverless_gpu.backends.local import default_backend
 from serverless_gpu.caller.console import ConsolePrinter
 from serverless_gpu.caller.handle import RunHandle
 from serverless_gpu.caller.hooks import RunContext, run_hooks
@@ -40,11 +38,11 @@ from serverless_gpu.common.errors import (
     ConfigurationError,
     DistributedError,
     LauncherError,
-    StorageError,
     UsageError,
 )
-from serverless_gpu.common.gpus import GPUType, Placement, resolve_placement
-from serverless_gpu.runfiles.rundirs import new_run_dir, runs_root, storage_hint
+from serverless_gpu.common.gpus import GPUType
+from serverless_gpu.common.options import check_names
+from serverless_gpu.runfiles.rundirs import new_run_dir, runs_root
 from serverless_gpu.runfiles.serialization import dump_payload, max_payload_bytes
 from serverless_gpu.wire.accelerators import AcceleratorType, one_count
 from serverless_gpu.wire.config import DEFAULT_TIMEOUT, DistributedConfig
@@ -77,8 +75,8 @@ class DistributedFunction(Generic[P, R]):
         self._backend = backend
         functools.update_wrapper(self, func)
         if config.standby and registry.for_config(config).standby:
-            _start_prewarm(
-                lambda: _prewarm(
+            start_prewarm(
+                lambda: prewarm(
                     self.backend,
                     config.gpus,
                     config.gpu_type,
@@ -136,7 +134,7 @@ class DistributedFunction(Generic[P, R]):
         """A new decorated function, the same but for the fields given (options are fields of
         :class:`DistributedConfig`); this one is unchanged. A type in either spelling replaces
         both (``gpu_type`` drops the node shape); ``timeout=None`` removes the limit."""
-        _check_option_names(options, "with_overrides")
+        check_names(DistributedConfig, options, "with_overrides")
         changes = dict(options)
         count = one_count(gpus, num_accelerators)
         if count is not None:
@@ -299,8 +297,10 @@ class DistributedFunction(Generic[P, R]):
         (a session makes its FIFOs there); ``name``: the run's name (the function's)."""
         cfg = self.config
         settings.check()  # before anything exists: no run directory, MLflow run or launcher
-        cwd = _working_directory()
-        placement = _placement(cfg)
+        cwd = working_directory()
+        # placed by the call's backend (on this machine's GPUs, or on a cluster it connects to
+        # first, so that a missing cluster fails before anything is created)
+        placement = registry.for_config(cfg).placement(cfg)
         if payload is None:
             limit = max_payload_bytes(cfg.max_payload_bytes)
             payload = dump_payload(self.func, args, kwargs, limit)
@@ -310,7 +310,7 @@ class DistributedFunction(Generic[P, R]):
         except OSError as exc:
             root = runs_root()  # it was found usable: this failure is the disk's
             what = f"could not create the run directory in {root}"
-            raise _os_error(what, exc, ConfigurationError, folder=root) from exc
+            raise os_error(what, exc, ConfigurationError, folder=root) from exc
         paths = RunPaths(run_dir, results_dir)
         ctx = RunContext(RunSpec(run_id, name, placement, paths, cfg), call=call)
         ctx.env[settings.ATTEMPT.name] = str(call.attempt)
@@ -327,7 +327,7 @@ class DistributedFunction(Generic[P, R]):
             handle: RunHandle[R] = self.backend.submit(ctx, payload)
         except OSError as exc:
             what = "could not start the run"
-            raise _os_error(what, exc, LauncherError, run_dir.parent, run_dir) from exc
+            raise os_error(what, exc, LauncherError, run_dir.parent, run_dir) from exc
         for subscriber in subscribers:
             handle.subscribe(subscriber)
         return handle
@@ -342,100 +342,6 @@ def _interrupted(handle: RunHandle[Any]) -> None:
     except KeyboardInterrupt:
         handle.cancel("interrupted twice (KeyboardInterrupt in the caller)", force=True)
         handle.wait(_INTERRUPT_WAIT_S)
-
-
-def _placement(cfg: DistributedConfig) -> Placement:
-    """The ranks, placed by the call's backend (on this machine's GPUs, or on a cluster it
-    connects to first, so that a missing cluster fails before anything is created)."""
-    return registry.for_config(cfg).placement(cfg)
-
-
-_STORAGE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO}
-
-
-def _os_error(
-    what: str,
-    exc: OSError,
-    other: type[DistributedError],
-    folder: Path,
-    run_dir: Path | None = None,
-) -> DistributedError:
-    """An OSError on the way to starting a run, as the library's own error: a
-    :class:`StorageError` saying what to do about ``folder`` when a disk refused a write,
-    else ``other``."""
-    if isinstance(exc, DistributedError):
-        return exc
-    if exc.errno in _STORAGE_ERRNOS:
-        err: DistributedError = StorageError.wrap(what, exc, storage_hint(folder, exc.errno))
-    else:
-        err = other(f"{what}: {exc}")
-    err.run_dir = run_dir
-    return err
-
-
-def _working_directory() -> str:
-    """The caller's working directory, where the ranks start."""
-    try:
-        return os.getcwd()
-    except OSError as exc:
-        raise ConfigurationError(
-            f"the current working directory cannot be read ({exc.strerror}; was it deleted?): "
-            "the ranks start in it. Change to an existing directory (os.chdir) and call again."
-        ) from None
-
-
-_prewarm_threads: set[threading.Thread] = set()
-WARMUP_ENV = settings.WARMUP.name
-
-
-def warm_up(gpus: int | None = None, gpu_type: str | GPUType | None = None) -> None:
-    """Start the launcher and standby ranks in the background (``%load_ext`` calls this), so
-    that the first call of a session finds them ready. ``SERVERLESS_GPU_WARMUP=0`` disables."""
-    if settings.WARMUP.read():
-        _start_prewarm(lambda: _prewarm(default_backend(), gpus, gpu_type, tracking=True))
-
-
-def _prewarm(
-    backend: Backend,
-    gpus: int | None,
-    gpu_type: str | GPUType | None,
-    tracking: bool,
-    warm_group: bool = True,
-    per_node: int | None = None,
-) -> None:
-    # The launcher's start (a fresh interpreter importing torch: seconds) goes first, so that
-    # reading the GPUs through NVML overlaps it instead of delaying it.
-    backend.start()
-    try:
-        placement = resolve_placement(gpus, gpu_type, per_node)
-    except Exception:  # the call itself will report a bad configuration
-        return
-    # Ranks of a tracked call import mlflow; importing it once in the launcher saves seconds of
-    # CPU per rank.
-    tracked = tracking and importlib.util.find_spec("mlflow") is not None
-    backend.prewarm(placement, ("mlflow",) if tracked else (), warm_group)
-
-
-def _start_prewarm(target: Callable[[], None]) -> None:
-    """Warm up in the background so decorating never delays the cell."""
-
-    def run() -> None:
-        try:
-            target()
-        except DistributedError:
-            pass  # e.g. an unsafe runs folder: the call raises the same error, in the cell
-        finally:
-            _prewarm_threads.discard(thread)
-
-    thread = threading.Thread(target=run, name="serverless-gpu-prewarm", daemon=True)
-    _prewarm_threads.add(thread)
-    thread.start()
-
-
-def join_prewarm(timeout: float = 10.0) -> None:
-    """Wait for background warm-ups (so that a shutdown is not followed by a late start)."""
-    for thread in list(_prewarm_threads):
-        thread.join(timeout)
 
 
 @overload
@@ -474,7 +380,7 @@ def distributed(
     """
     if callable(num_accelerators):
         return DistributedFunction(num_accelerators, DistributedConfig())
-    _check_option_names(options, "@distributed")
+    check_names(DistributedConfig, options, "@distributed")
     config = DistributedConfig(
         gpus=one_count(gpus, num_accelerators),  # type: ignore[arg-type]
         gpu_type=gpu_type,
@@ -488,9 +394,3 @@ def distributed(
         return DistributedFunction(func, config)
 
     return wrap
-
-
-def _check_option_names(options: dict[str, Any], where: str) -> None:
-    unknown = set(options) - set(DistributedConfig.__dataclass_fields__)
-    if unknown:
-        raise ConfigurationError(f"unknown option(s) for {where}: {', '.join(sorted(unknown))}")

@@ -16,39 +16,18 @@ import click
 import yaml
 
 from serverless_gpu.api.scripts import ScriptTarget
-from serverless_gpu.cli.jobfile import DEFAULT_TIMEOUT_S, JobSpec, load_job
+from serverless_gpu.cli.jobfile import JobSpec, load_job
 from serverless_gpu.cli.overrides import variadic_overrides
+from serverless_gpu.cli.run_options import job_options, job_value, option_flags
 from serverless_gpu.common.errors import ConfigurationError, DistributedError
-from serverless_gpu.wire.config import OUTPUT_CHOICES
 
 # Everything after the script (or module) belongs to it, as with `python script.py args`.
 _RUN_SETTINGS = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
-_OVERRIDES = {
-    "gpus": "gpus",
-    "gpu_type": "gpu_type",
-    "max_retries": "max_retries",
-    "remote": "remote",
-    "name": "run_name",
-    "experiment": "experiment_name",
-}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Run a Python script on every GPU of this machine, tracked in MLflow, and look at runs."""
-
-
-def _timeout(value: str | None) -> float | None:
-    """Seconds, or ``none`` for no limit."""
-    if value is None or value.lower() == "none":
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a number of seconds (or 'none')") from None
-    if not seconds > 0:
-        raise click.BadParameter("must be a positive number of seconds (or 'none')")
-    return seconds
 
 
 class _RunCommand(click.Command):
@@ -67,24 +46,9 @@ class _RunCommand(click.Command):
 @main.command(cls=_RunCommand, context_settings=_RUN_SETTINGS)
 @click.option("-f", "--file", "job_file", type=click.Path(dir_okay=False), help="A YAML job file.")
 @click.option("-m", "as_module", is_flag=True, help="Run the first argument as a module.")
-@click.option("--gpus", type=click.IntRange(min=1), help="Ranks (default: every GPU, CPU: 2).")
-@click.option("--gpu-type", help="H100, A10, ... or cpu (CPU ranks over gloo).")
-@click.option(
-    "--timeout",
-    help=f"Seconds before every rank is stopped, or 'none' (default {DEFAULT_TIMEOUT_S:g}: 3 h).",
-)
-@click.option("--max-retries", type=click.IntRange(min=0), default=0, help="Retries on a crash.")
-@click.option("--remote", is_flag=True, help="Run on the remote pool instead of this machine.")
-@click.option("--name", help="The MLflow run's name (default: the script's).")
+@option_flags  # --gpus, --gpu-type, --timeout, --output, --name ...: common/options.py
 @click.option("--experiment", help="The MLflow experiment (default: MLflow's).")
 @click.option("-e", "--env", "env", multiple=True, help="KEY=VALUE for every rank (repeatable).")
-@click.option(
-    "--output",
-    type=click.Choice(OUTPUT_CHOICES),
-    default="default",
-    show_default=True,
-    help="Which ranks' output is printed live; every rank's log is kept.",
-)
 @click.option("--detach", is_flag=True, help="Start the run in the background and return.")
 @click.option(
     "--override",
@@ -157,8 +121,8 @@ def _run_file(ctx: click.Context, params: dict[str, Any]) -> None:
     job = load_job(params["job_file"], params["overrides"])
     if not isinstance(job, AirJob):
         return
-    options = (*_OVERRIDES, "timeout", "env")
-    given = [f"--{option.replace('_', '-')}" for option in options if _on_line(ctx, option)]
+    options = [(o.name, o.flag) for o in job_options()] + [("experiment", "--experiment")]
+    given = [flag for name, flag in [*options, ("env", "--env")] if _on_line(ctx, name)]
     if given:
         raise ConfigurationError(
             f"{', '.join(given)}: not for a job file of air's format; set its keys with "
@@ -200,12 +164,11 @@ def _job(ctx: click.Context, params: dict[str, Any]) -> JobSpec:
         if params["overrides"]:
             raise ConfigurationError("--override sets a job file's keys: give one with -f")
         base = {**_command(command, params["as_module"])}
-    for option, field in _OVERRIDES.items():
-        if ctx.get_parameter_source(option) is click.core.ParameterSource.COMMANDLINE:
-            base[field] = params[option]
-    if ctx.get_parameter_source("timeout") is click.core.ParameterSource.COMMANDLINE:
-        seconds = _timeout(params["timeout"])
-        base["timeout_minutes"] = None if seconds is None else seconds / 60
+    for option in job_options():
+        if _on_line(ctx, option.name):
+            base[option.job_key] = job_value(option, params[option.name])
+    if _on_line(ctx, "experiment"):
+        base["experiment_name"] = params["experiment"]
     if params["env"]:
         base["env"] = {**base.get("env", {}), **dict(_pair(item) for item in params["env"])}
     job = JobSpec.model_validate(base)

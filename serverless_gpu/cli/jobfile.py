@@ -34,12 +34,15 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    create_model,
 )
 
 from serverless_gpu.api.scripts import ScriptTarget
-from serverless_gpu.cli.jobtypes import DEFAULT_TIMEOUT_S, EnvName, EnvValue, Text
+from serverless_gpu.cli.jobtypes import EnvName, EnvValue, Text
 from serverless_gpu.cli.overrides import air_overrides
 from serverless_gpu.common.errors import ConfigurationError
+from serverless_gpu.common.options import JOB_FILE, declared
+from serverless_gpu.wire.config import DistributedConfig
 
 if TYPE_CHECKING:
     from serverless_gpu.cli.airjob import AirJob
@@ -53,8 +56,9 @@ is a copy of what it names, so a few hundred bytes of aliases of aliases expand 
 values, which checking and printing would take minutes and all the memory to build."""
 
 
-class JobSpec(BaseModel):
-    """A run, from a job file or the command line's options."""
+class _JobFile(BaseModel):
+    """What a job runs and its environment; the call's options are added from their
+    declarations (:func:`_option_fields`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -63,15 +67,8 @@ class JobSpec(BaseModel):
     script: str | None = None
     module: str | None = None
     args: list[Text] = Field(default_factory=list)
-    gpus: int | None = Field(default=None, ge=1)
-    gpu_type: str | None = None
-    timeout_minutes: float | None = Field(default=DEFAULT_TIMEOUT_S / 60, gt=0)
-    """``None`` (``null`` in the file): no limit."""
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     experiment_name: str | None = None
-    run_name: str | None = None
-    max_retries: int = Field(default=0, ge=0)
-    remote: bool = False
 
     def target(self) -> ScriptTarget:
         """The script or module every rank runs."""
@@ -87,6 +84,43 @@ class JobSpec(BaseModel):
             return ScriptTarget(module=self.module, args=tuple(self.args))
         assert self.script is not None
         return ScriptTarget.script(self.script, tuple(self.args))
+
+    def config_options(self) -> dict[str, Any]:
+        """The call's options the job sets (all of the job file's), by the decorator's names:
+        ``timeout_minutes: 30`` is ``timeout=1800``."""
+        values = {}
+        for option in declared(DistributedConfig, JOB_FILE):
+            value = getattr(self, option.job_key)
+            if value is not None and option.option.job_unit != 1:
+                value *= option.option.job_unit
+            values[option.name] = value
+        return values
+
+
+def _option_fields() -> dict[str, Any]:
+    """A key for each option declared for job files: its type (``None`` allowed where the
+    option allows it), its default and its limits, in the job file's unit."""
+    fields: dict[str, Any] = {}
+    for option in declared(DistributedConfig, JOB_FILE):
+        kind, default = option.kind, option.default
+        schema: Any = kind.schema
+        if default is None or kind.none_word:
+            schema = schema | None
+        if default is not None and option.option.job_unit != 1:
+            default /= option.option.job_unit
+        fields[option.job_key] = (schema, Field(default=default, **kind.bounds))
+    return fields
+
+
+if TYPE_CHECKING:
+    _Job = _JobFile
+else:
+    _Job = create_model("_Job", __base__=_JobFile, **_option_fields())
+
+
+class JobSpec(_Job):
+    """A run, from a job file or the command line's options. Its keys: ``_JobFile``'s, and
+    one per option declared for job files (``gpus``, ``timeout_minutes``, ...)."""
 
 
 def _parse_command(command: str | list[str], extra: list[str]) -> ScriptTarget:

@@ -8,7 +8,9 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator
 from pydantic_core import PydanticCustomError
 
-DEFAULT_TIMEOUT_S = 3 * 3600.0
+from serverless_gpu.wire.config import DEFAULT_TIMEOUT
+
+DEFAULT_TIMEOUT_S = DEFAULT_TIMEOUT
 """A run's timeout unless the command line or the job file says otherwise (``none``: no limit):
 a hung nightly job must not run forever."""
 

@@ -57,17 +57,9 @@ def _run_job(job: JobSpec, output: str, announce_fd: int | None) -> int:
     if job.experiment_name:
         os.environ["MLFLOW_EXPERIMENT_NAME"] = job.experiment_name
     os.environ.update(job.env)  # the ranks start with the caller's environment
-    fn = script_function(
-        target,
-        gpus=job.gpus,
-        gpu_type=job.gpu_type,
-        timeout=None if job.timeout_minutes is None else job.timeout_minutes * 60,
-        run_name=job.run_name,
-        output=output,
-        max_retries=job.max_retries,
-        remote=job.remote,
-    )
-    runs = _CommandRuns(job.run_name or target.name, target.command_line(), announce_fd)
+    options = job.config_options()
+    fn = script_function(target, **options, output=output)
+    runs = _CommandRuns(options["run_name"] or target.name, target.command_line(), announce_fd)
     register_hook(runs, order=_HOOK_ORDER)
     try:
         with _terminate_as_cancel(runs):

@@ -14,6 +14,19 @@ from serverless_gpu.common import backend_names, settings
 from serverless_gpu.common.describe import type_name
 from serverless_gpu.common.errors import ConfigurationError, GPUConfigError
 from serverless_gpu.common.gpus import GPUType, check_cpu_count, check_gpu_count, cpu_mode_requested
+from serverless_gpu.common.options import (
+    CLI,
+    COUNT,
+    JOB_FILE,
+    MAGIC,
+    POSITIVE_INT,
+    SECONDS,
+    SIGNATURE,
+    SWITCH,
+    TEXT,
+    choice,
+    option,
+)
 from serverless_gpu.common.vocabulary import option_name
 from serverless_gpu.wire.accelerators import node_shape
 
@@ -28,28 +41,56 @@ OUTPUT_CHOICES = ("default", "all", "rank0", "none")
 class DistributedConfig:
     """How a decorated function is run. Every field is checked when the decorator is applied."""
 
-    gpus: int | None = None
+    gpus: int | None = option(
+        None,
+        "Ranks to start, one per GPU (default: every GPU; CPU mode: 2).",
+        (SIGNATURE, MAGIC, CLI, JOB_FILE),
+        POSITIVE_INT,
+    )
     """Ranks to start, one per GPU; ``None`` means every visible GPU (CPU mode: 2, or
     ``$SERVERLESS_GPU_CPU_RANKS``). CPU mode runs at most ``settings.MAX_CPU_RANKS`` (64)."""
-    gpu_type: str | GPUType | None = None
+    gpu_type: str | GPUType | None = option(  # noqa: RUF009 - a field, as dataclasses.field()
+        None,
+        "Expected accelerator (H100, A100, ..., or cpu for CPU ranks over gloo).",
+        (SIGNATURE, MAGIC, CLI, JOB_FILE),
+        TEXT,
+    )
     """Expected accelerator (``"H100"``, ``"a10g"`` ...); ``None`` auto-detects; ``"cpu"`` runs
     CPU ranks over gloo. A mismatch with the machine fails before launch."""
-    accelerator_type: str | None = None
+    accelerator_type: str | None = option(None, "A node shape (GPU_8xH100).", (SIGNATURE,))
     """A node shape, the original API's spelling: ``"GPU_8xH100"`` is nodes of 8 H100 (any
     case; :class:`~serverless_gpu.AcceleratorType`, or any ``"GPU_<n>x<family>"``). Its family
     is ``gpu_type``. On this machine a call runs on one node of it: ``gpus`` at most ``n``,
     default every visible GPU up to ``n``; with ``remote=True``, on whole nodes: ``gpus`` a
     multiple of ``n``, default ``n``. A value without a count (``"h100_80gb"``, ``"a10g"``,
     ``"cpu"``) is read as ``gpu_type``. CPU mode ignores the shape as it ignores ``gpu_type``."""
-    timeout: float | None = DEFAULT_TIMEOUT
+    timeout: float | None = option(
+        DEFAULT_TIMEOUT,
+        f"Seconds before every rank is stopped, or 'none' (default {DEFAULT_TIMEOUT / 3600:g} h).",
+        (SIGNATURE, MAGIC, CLI, JOB_FILE),
+        SECONDS,
+        job_key="timeout_minutes",
+        job_unit=60.0,
+    )
     """Seconds before every rank is killed and ``DistributedTimeoutError`` is raised; ``None``
     disables the limit."""
-    output: str = "default"
+    output: str = option(
+        "default",
+        "Which ranks' output is printed live; every rank's log is kept.",
+        (MAGIC, CLI),
+        choice(lambda: OUTPUT_CHOICES),
+    )
     """Which rank output is printed live: ``"default"`` (rank 0 and every rank's stderr),
     ``"all"``, ``"rank0"`` or ``"none"``. Every rank's full log is on disk regardless."""
-    tracking: bool = True
+    tracking: bool = option(True, "Record the run in MLflow.", (MAGIC,), SWITCH)
     """Track the call as an MLflow run when mlflow is installed."""
-    run_name: str | None = None
+    run_name: str | None = option(
+        None,
+        "The MLflow run's name (default: the function's, the cell's or the script's).",
+        (MAGIC, CLI, JOB_FILE),
+        TEXT,
+        flag="--name",
+    )
     """Name of the MLflow run; defaults to the function's name."""
     max_payload_bytes: int | None = None
     """Limit on the pickled function and arguments, a positive number of bytes (default
@@ -76,16 +117,27 @@ class DistributedConfig:
     """Seconds a running rank may show no sign of life (output line, metric,
     ``runtime.heartbeat()``) before the console and widget warn, naming it; nothing is
     stopped. ``None``: no warning."""
-    max_retries: int = 0
+    max_retries: int = option(0, "Retries on a crash.", (CLI, JOB_FILE), COUNT)
     """Start the call again, up to this many times, when it fails with a crash, a lost rank or
     a collective error (not an exception of the user's code unless ``retry_on`` names it)."""
     retry_on: tuple[type[BaseException] | str, ...] = ()
     """Exception types that are retried too (``(ValueError,)``, ``(DistributedTimeoutError,)``).
     Kept as their qualified names (``"builtins.ValueError"``): the config travels to processes
     that cannot import a class defined in a notebook."""
-    remote: bool = False
+    remote: bool = option(
+        False,
+        "Run on the connected Ray cluster (remote=True).",
+        (SIGNATURE, MAGIC, CLI, JOB_FILE),
+        SWITCH,
+    )
     """Run the ranks on the Ray cluster this process is connected to (``backend="ray"``)."""
-    backend: str | None = None
+    backend: str | None = option(
+        None,
+        "Where ranks run: this machine (local), the Ray cluster (ray), or an installed "
+        "backend plug-in.",
+        (MAGIC,),
+        choice(backend_names.known_names),
+    )
     """``"local"`` (this machine, the default), ``"ray"`` (same as ``remote=True``), or the name
     of an installed backend plug-in (``backends/registry.py``)."""
 

@@ -29,7 +29,12 @@ def test_defaults_and_switches() -> None:
     args = magic_args.parse(MAGIC, "")
     assert (args.gpus, args.gpu_type, args.out, args.output) == (None, None, None, "default")
     args = magic_args.parse(MAGIC, "timeout=none --no-tracking name='my run' output=all")
-    assert (args.timeout, args.tracking, args.name, args.output) == (None, False, "my run", "all")
+    assert (args.timeout, args.tracking, args.run_name, args.output) == (
+        None,
+        False,
+        "my run",
+        "all",
+    )
 
 
 @pytest.mark.parametrize(

@@ -235,7 +235,7 @@ def _entered_before(sess: Session, rank: int) -> int:
 def _wait_prewarmed(gpu_type: str | None) -> None:
     """A standby set of the session's shape with its group formed (``%load_ext``'s warm-up,
     or what the call or session before left)."""
-    from serverless_gpu.api.decorator import _prewarm
+    from serverless_gpu.api.prewarm import prewarm as _prewarm
     from serverless_gpu.backends.local import default_backend
 
     _prewarm(default_backend(), WORLD, gpu_type, tracking=False)
