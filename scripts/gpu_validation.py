@@ -18,7 +18,8 @@ from typing import Any
 from _checks import check, rank_parser, ranks, summary
 
 import serverless_gpu
-from serverless_gpu import GPUConfigError, distributed, runtime
+from serverless_gpu import distributed, runtime
+from serverless_gpu.common.errors import GPUConfigError
 from serverless_gpu.common.gpus import resolve_placement, visible_gpu_names
 from serverless_gpu.common.proctitle import is_launcher
 from serverless_gpu.wire.events import RankStarted

@@ -1,6 +1,7 @@
 """The original API's ``asynchronous`` module, for code that imports from it: its names are
 this library's (``DistributedFunctionCall`` is :class:`~serverless_gpu.RunHandle`; ``RunStatus``
-here is :class:`~serverless_gpu.WorkloadStatus`, the original's status names).
+here is ``WorkloadStatus``, the original's status names, also
+``serverless_gpu.compat.WorkloadStatus``; ``serverless_gpu.RunStatus`` is this library's own).
 
 >>> from serverless_gpu.asynchronous import DistributedFunctionCall, RunStatus, print_runs
 >>> run = DistributedFunctionCall.from_run_id("3f2a9c1b7d04")

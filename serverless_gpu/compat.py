@@ -12,6 +12,12 @@ A function gets ``*args, **kwargs`` and rank 0's return value comes back; a path
 as a script on every rank (as ``torchrun file args`` would) with its arguments as strings, and
 ``None`` comes back. ``use_gpu=False`` runs CPU processes over gloo. Every call gets the same
 supervision, per-rank logs and MLflow run as ``@distributed``.
+
+The original API's own names are here too, in one place, beside the modules its notebooks import
+them from: ``GPUType``, ``AcceleratorType``, ``get_gpus_per_node`` (``serverless_gpu.compute``),
+``ray_init``, ``ray_launch`` (``serverless_gpu.ray``), ``DistributedFunctionCall``,
+``WorkloadMetadata``, ``TERMINAL_STATUSES``, ``print_runs``, ``stop`` and ``WorkloadStatus``
+(``serverless_gpu.asynchronous``, where ``WorkloadStatus`` is called ``RunStatus``).
 """
 
 from __future__ import annotations
@@ -21,10 +27,31 @@ from collections.abc import Callable
 from typing import Any
 
 from serverless_gpu.api.decorator import distributed
+from serverless_gpu.api.ray_launch import ray_init, ray_launch
 from serverless_gpu.api.scripts import ScriptTarget, script_function
+from serverless_gpu.caller.handle import RunHandle as DistributedFunctionCall
+from serverless_gpu.caller.statuses import TERMINAL_STATUSES, WorkloadStatus
+from serverless_gpu.caller.workloads import WorkloadMetadata, print_runs, stop
 from serverless_gpu.common.errors import ConfigurationError, GPUConfigError
-from serverless_gpu.common.gpus import resolve_placement
+from serverless_gpu.common.gpus import GPUType, resolve_placement
 from serverless_gpu.common.vocabulary import TORCH_DISTRIBUTOR, speaking
+from serverless_gpu.wire.accelerators import AcceleratorType, get_gpus_per_node
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "AcceleratorType",
+    "DistributedFunctionCall",
+    "DriverGPUError",
+    "GPUType",
+    "TorchDistributor",
+    "WorkloadMetadata",
+    "WorkloadStatus",
+    "get_gpus_per_node",
+    "print_runs",
+    "ray_init",
+    "ray_launch",
+    "stop",
+]
 
 
 class TorchDistributor:

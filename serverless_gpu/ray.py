@@ -1,6 +1,7 @@
-"""The original API's ``ray`` module, for notebooks that import from it: ``ray_launch`` and
-``ray_init`` are :func:`serverless_gpu.ray_launch` and :func:`serverless_gpu.ray_init`.
-Importing this module does not import Ray; calling them does."""
+"""The original API's ``ray`` module, the home of ``ray_launch`` (``@distributed`` with a Ray
+cluster over the ranks, the function as its driver) and ``ray_init`` (``ray.init`` that prints
+the dashboard's address); both are in :mod:`serverless_gpu.compat` too. Importing this module
+does not import Ray; calling them does."""
 
 from __future__ import annotations
 

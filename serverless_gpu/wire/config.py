@@ -59,8 +59,8 @@ class DistributedConfig:
     CPU ranks over gloo. A mismatch with the machine fails before launch."""
     accelerator_type: str | None = option(None, "A node shape (GPU_8xH100).", (SIGNATURE,))
     """A node shape, the original API's spelling: ``"GPU_8xH100"`` is nodes of 8 H100 (any
-    case; :class:`~serverless_gpu.AcceleratorType`, or any ``"GPU_<n>x<family>"``). Its family
-    is ``gpu_type``. On this machine a call runs on one node of it: ``gpus`` at most ``n``,
+    case; :class:`~serverless_gpu.compute.AcceleratorType`, or any ``"GPU_<n>x<family>"``). Its
+    family is ``gpu_type``. On this machine a call runs on one node of it: ``gpus`` at most ``n``,
     default every visible GPU up to ``n``; with ``remote=True``, on whole nodes: ``gpus`` a
     multiple of ``n``, default ``n``. A value without a count (``"h100_80gb"``, ``"a10g"``,
     ``"cpu"``) is read as ``gpu_type``. CPU mode ignores the shape as it ignores ``gpu_type``."""

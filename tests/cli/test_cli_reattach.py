@@ -13,9 +13,9 @@ import pytest
 from conftest import Cli
 from eventually import eventually
 
-import serverless_gpu
-from serverless_gpu import TERMINAL_STATUSES, RunHandle, WorkloadStatus
+from serverless_gpu import CancelledError, RunHandle
 from serverless_gpu.caller.reattach import RecordedRun
+from serverless_gpu.compat import TERMINAL_STATUSES, WorkloadStatus, stop
 
 GATED = """
     import os
@@ -88,8 +88,8 @@ def test_a_detached_run_is_stopped(
     run_id, detached = _detach(cli, tmp_path, "gated.py")
     h = RunHandle.from_run_id(run_id)
     eventually(lambda: "waiting" in h.logs(0), "the run's ranks started")
-    serverless_gpu.stop(h)
+    stop(h)
     assert h.wait(60) and h.status == WorkloadStatus.STOPPED
-    with pytest.raises(serverless_gpu.CancelledError):
+    with pytest.raises(CancelledError):
         h.result(0)
     detached.wait(60)

@@ -7,15 +7,9 @@ import warnings
 
 import pytest
 
-from serverless_gpu import (
-    AcceleratorType,
-    ConfigurationError,
-    DistributedFunction,
-    GPUConfigError,
-    GPUType,
-    distributed,
-    runtime,
-)
+from serverless_gpu import ConfigurationError, DistributedFunction, distributed, runtime
+from serverless_gpu.common.errors import GPUConfigError
+from serverless_gpu.compute import AcceleratorType, GPUType
 
 
 def world() -> tuple[int, str]:

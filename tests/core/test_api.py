@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 import serverless_gpu
-from serverless_gpu import DistributedConfig, GPUType, RunResult, distributed, runtime
+from serverless_gpu import DistributedConfig, RunResult, distributed, runtime
 from serverless_gpu.common.errors import ConfigurationError, UsageError
+from serverless_gpu.compute import GPUType
 from serverless_gpu.wire.events import (
     RankFinished,
     RankStarted,

@@ -6,6 +6,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED
 from typing import Any
 
 import pytest
@@ -95,9 +96,7 @@ def test_as_completed_yields_runs_in_the_order_they_end(monkeypatch: pytest.Monk
 
 def test_wait_first_completed_then_all() -> None:
     handles = [span.start(2.0), span.start(0.1)]
-    done, not_done = serverless_gpu.wait(
-        handles, timeout=_WAIT_S, return_when=serverless_gpu.FIRST_COMPLETED
-    )
+    done, not_done = serverless_gpu.wait(handles, timeout=_WAIT_S, return_when=FIRST_COMPLETED)
     assert done == {handles[1]} and not_done == {handles[0]}
     done, not_done = serverless_gpu.wait(handles, timeout=_WAIT_S)
     assert done == set(handles) and not not_done

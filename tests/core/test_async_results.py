@@ -20,6 +20,7 @@ from procs import run_script
 import serverless_gpu
 from serverless_gpu import distributed
 from serverless_gpu.caller.runrecord import read_record
+from serverless_gpu.common.errors import SerializationError
 from serverless_gpu.runfiles.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV
 from serverless_gpu.wire.events import RunFinished, RunStatus
 
@@ -189,7 +190,7 @@ class _Unpicklable:
 
 
 def test_a_map_with_an_unpicklable_item_starts_no_run(private_roots: Path) -> None:
-    with pytest.raises(serverless_gpu.SerializationError, match="cannot pickle this item") as info:
+    with pytest.raises(SerializationError, match="cannot pickle this item") as info:
         square.map([1, 2, 3, _Unpicklable()])
     assert "item 3 of the map; no run of the map was started" in str(info.value.__notes__)
     runs = private_roots / "runs"

@@ -12,17 +12,20 @@ from typing import Any
 import pytest
 from eventually import eventually
 
-import serverless_gpu
 from serverless_gpu import (
-    TERMINAL_STATUSES,
     CancelledError,
     ConfigurationError,
     DistributedError,
-    DistributedFunctionCall,
     RunHandle,
-    WorkloadStatus,
     distributed,
 )
+from serverless_gpu.asynchronous import (
+    TERMINAL_STATUSES,
+    DistributedFunctionCall,
+    print_runs,
+    stop,
+)
+from serverless_gpu.asynchronous import RunStatus as WorkloadStatus
 from serverless_gpu.caller.reattach import RecordedRun
 from serverless_gpu.caller.runrecord import find_run
 from serverless_gpu.runfiles.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV
@@ -72,7 +75,7 @@ def test_a_loop_on_the_originals_terminal_set_ends_with_its_names(tmp_path: Path
     eventually(lambda: first.status == WorkloadStatus.RUNNING, "the first run running")
     assert first.status not in TERMINAL_STATUSES
     assert WorkloadStatus.of(third.status) is WorkloadStatus.PENDING
-    serverless_gpu.stop([second])
+    stop([second])
     gate.touch()
     eventually(lambda: first.status in TERMINAL_STATUSES, "the first run's end", _WAIT_S)
     assert first.status == WorkloadStatus.COMPLETED and first.status != WorkloadStatus.FAILED
@@ -109,7 +112,7 @@ def test_workload_metadata_print_runs_and_cleanup(capsys: pytest.CaptureFixture[
     assert meta.view_logs_link == str(h.run_dir / "logs")
     assert meta.workload_run_link == str(h.run_dir) and meta.links == h.links == {}
     h.cleanup()
-    serverless_gpu.print_runs(handles)
+    print_runs(handles)
     out = capsys.readouterr().out
     assert f"Run ID   : {h.run_id}" in out and "Status   : succeeded" in out
     assert "Function : gated" in out and "GPUs     : 1 x CPU" in out
@@ -155,13 +158,12 @@ def test_a_run_of_another_caller_is_not_cancelled_from_its_directory(tmp_path: P
 
 
 def test_the_originals_module_and_names() -> None:
-    from serverless_gpu import asynchronous
+    from serverless_gpu import asynchronous, compat
 
-    assert asynchronous.DistributedFunctionCall is RunHandle
-    assert asynchronous.RunStatus is WorkloadStatus
-    assert asynchronous.TERMINAL_STATUSES is TERMINAL_STATUSES
-    assert asynchronous.print_runs is serverless_gpu.print_runs
-    assert callable(serverless_gpu.stop)
+    assert asynchronous.DistributedFunctionCall is compat.DistributedFunctionCall is RunHandle
+    assert asynchronous.RunStatus is compat.WorkloadStatus
+    assert asynchronous.TERMINAL_STATUSES is compat.TERMINAL_STATUSES
+    assert asynchronous.print_runs is compat.print_runs and asynchronous.stop is compat.stop
     assert [WorkloadStatus.of(s).value for s in RunStatus] == [
         "PENDING",
         "STARTING",

@@ -16,15 +16,8 @@ from typing import Any
 import pytest
 from procs import run_script
 
-from serverless_gpu import (
-    DistributedError,
-    RankFailedError,
-    RemoteError,
-    SerializationError,
-    distributed,
-    runtime,
-)
-from serverless_gpu.common.errors import RemoteTraceback
+from serverless_gpu import DistributedError, RankFailedError, distributed, runtime
+from serverless_gpu.common.errors import RemoteError, RemoteTraceback, SerializationError
 
 """The checkout under test, also for the scripts these tests start."""
 

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from serverless_gpu import AcceleratorType, distributed, exceptions, runtime
+from serverless_gpu import distributed, exceptions, runtime
 from serverless_gpu.common import errors
+from serverless_gpu.compute import AcceleratorType
 from serverless_gpu.exceptions import (
     GPUTypeError,
     GPUValidationError,

@@ -12,14 +12,17 @@ from eventually import eventually
 from serverless_gpu import (
     DistributedError,
     DistributedTimeoutError,
-    GPUConfigError,
     RankFailedError,
-    RemoteError,
-    SerializationError,
     distributed,
     runtime,
 )
-from serverless_gpu.common.errors import PayloadTooLargeError, RemoteTraceback
+from serverless_gpu.common.errors import (
+    GPUConfigError,
+    PayloadTooLargeError,
+    RemoteError,
+    RemoteTraceback,
+    SerializationError,
+)
 from serverless_gpu.wire.events import RunStatus
 
 

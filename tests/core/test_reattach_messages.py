@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from serverless_gpu import ConfigurationError, DistributedError, RunHandle, UsageError
+from serverless_gpu import ConfigurationError, DistributedError, RunHandle
 from serverless_gpu.caller.reattach import RecordedRun
 from serverless_gpu.caller.runrecord import find_run
+from serverless_gpu.common.errors import UsageError
 from serverless_gpu.runfiles.rundirs import RESULTS_DIR_ENV, RUNS_DIR_ENV
 from serverless_gpu.wire.runpaths import MARKER, RunPaths, run_dir_name
 

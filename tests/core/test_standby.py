@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 import serverless_gpu
-from serverless_gpu import distributed
+from serverless_gpu import distributed, runtime
 from serverless_gpu.common.proctitle import is_launcher
 
 # The tests count the standby ranks one launcher makes: each starts with a launcher of its own.
@@ -48,7 +48,7 @@ def test_no_standby_ranks_are_made_while_a_call_runs() -> None:
     @distributed(gpus=2, output="none", tracking=False)
     def hold(seconds: float) -> int:
         time.sleep(seconds)
-        return serverless_gpu.get_global_rank()
+        return runtime.get_global_rank()
 
     launcher = _launcher()
     standby = _wait_ranks(launcher, 2)  # the decoration's warm-up: one set for 2 ranks
@@ -69,7 +69,7 @@ def test_standby_ranks_of_other_shapes_make_room_for_a_call() -> None:
     @distributed(gpus=2, output="none", tracking=False)
     def hold(seconds: float) -> int:
         time.sleep(seconds)
-        return serverless_gpu.get_global_rank()
+        return runtime.get_global_rank()
 
     launcher = _launcher()
     serverless_gpu.warm_up(gpus=3, gpu_type="cpu")
@@ -88,7 +88,7 @@ def test_standby_ranks_of_other_shapes_make_room_for_a_call() -> None:
 def test_standby_is_kept_for_the_two_latest_shapes() -> None:
     @distributed(gpus=1, output="none", tracking=False)
     def one() -> int:
-        return serverless_gpu.get_global_rank()
+        return runtime.get_global_rank()
 
     launcher = _launcher()
     _wait_ranks(launcher, 1)

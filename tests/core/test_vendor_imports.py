@@ -29,17 +29,20 @@ def private_roots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def test_the_notebooks_import_lines_import() -> None:
-    """``from serverless_gpu.compute import GPUType`` (and the others) as the notebooks begin;
-    ``serverless_gpu.ray`` does not import Ray until it is called, as the original's."""
+    """``from serverless_gpu.compute import GPUType`` (and the others) as the notebooks begin,
+    the same objects as ``serverless_gpu.compat``'s; ``serverless_gpu.ray`` does not import Ray
+    until it is called, as the original's."""
     code = (
         "import sys\n"
         "from serverless_gpu.compute import AcceleratorType, GPUType, get_gpus_per_node\n"
         "from serverless_gpu.launcher import distributed, DistributedFunction\n"
         "from serverless_gpu.ray import ray_init, ray_launch\n"
-        "import serverless_gpu\n"
-        "assert distributed is serverless_gpu.distributed and GPUType is serverless_gpu.GPUType\n"
-        "assert ray_launch is serverless_gpu.ray_launch and ray_init is serverless_gpu.ray_init\n"
-        "assert AcceleratorType is serverless_gpu.AcceleratorType\n"
+        "import serverless_gpu, serverless_gpu.compat as compat\n"
+        "assert distributed is serverless_gpu.distributed and GPUType is compat.GPUType\n"
+        "assert DistributedFunction is serverless_gpu.DistributedFunction\n"
+        "assert ray_launch is compat.ray_launch and ray_init is compat.ray_init\n"
+        "assert AcceleratorType is compat.AcceleratorType\n"
+        "assert get_gpus_per_node is compat.get_gpus_per_node\n"
         "print('ray' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -27,7 +27,8 @@ print("RUN", h.run_id)
 """
 
 ATTACH = """\
-from serverless_gpu import RunHandle, TERMINAL_STATUSES, WorkloadStatus
+from serverless_gpu import RunHandle
+from serverless_gpu.compat import TERMINAL_STATUSES, WorkloadStatus
 import time
 back = RunHandle.from_run_id(RUN_ID)
 deadline = time.time() + 60

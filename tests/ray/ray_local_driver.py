@@ -13,7 +13,8 @@ import psutil
 import ray
 import ray_fns
 
-from serverless_gpu import ConfigurationError, ray_launch
+from serverless_gpu import ConfigurationError
+from serverless_gpu.ray import ray_launch
 
 _GONE_WITHIN_S = 30.0
 

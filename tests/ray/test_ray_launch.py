@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 import ray_fns
 
-from serverless_gpu import ConfigurationError, ray_init, ray_launch
+from serverless_gpu import ConfigurationError
+from serverless_gpu.ray import ray_init, ray_launch
 
 pytestmark = pytest.mark.usefixtures("cluster", "untracked")
 

@@ -9,7 +9,8 @@ import time
 import pytest
 from eventually import eventually
 
-from serverless_gpu import CancelledError, SerializationError, Session, rank_of
+from serverless_gpu import CancelledError, Session, rank_of
+from serverless_gpu.common.errors import SerializationError
 
 GROUP = (
     "import torch, torch.distributed as dist\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def _rank() -> int:
-    from serverless_gpu import get_global_rank
+    from serverless_gpu.runtime import get_global_rank
 
     return get_global_rank()
 
