@@ -176,7 +176,8 @@ def _main_block(block: str) -> str:
     return "\n".join([header, *kept])
 
 
-# The rank's start (rank/main.py) and its doctor thread (rank/doctor.py), as faulthandler names
-# them; tests/core/test_stacks.py reads a real rank's stacks, so a move of either shows there.
-_WORKER = f'{os.sep}serverless_gpu{os.sep}rank{os.sep}main.py"'
+# The rank's call (rank/become.py, on every backend) and its doctor thread (rank/doctor.py), as
+# faulthandler names them; tests/core/test_stacks.py reads a real rank's stacks, so a move of
+# either shows there.
+_WORKER = f'{os.sep}serverless_gpu{os.sep}rank{os.sep}become.py"'
 _DOCTOR = f'{os.sep}serverless_gpu{os.sep}rank{os.sep}doctor.py"'
