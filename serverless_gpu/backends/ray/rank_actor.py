@@ -1,5 +1,6 @@
-"""One rank on a Ray node: an actor that captures its process's output, runs the user's function
-and hands back the result (a file in the caller's results twin on the caller's machine,
+"""One rank on a Ray node: an actor that captures its process's output, becomes the rank of each
+call it receives (a ``RayRankSpec``) as every rank does (``rank/become.py``), runs the user's
+function and hands back the result (a file in the caller's results twin on the caller's machine,
 else through Ray's object store: ``results.py``) or the failure's error record; after a
 call that succeeded it stays for the next call of its set (``standby.py``).
 
