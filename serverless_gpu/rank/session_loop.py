@@ -29,7 +29,7 @@ import cloudpickle
 from serverless_gpu.common import settings, sources
 from serverless_gpu.common.errors import RAISED, exception_message
 from serverless_gpu.rank import runtime
-from serverless_gpu.rank.main import error_record, hide_frames_of, qualified_type
+from serverless_gpu.rank.become import error_record, hide_frames_of, qualified_type
 from serverless_gpu.rank.session_group import GroupOwner, group_up
 from serverless_gpu.runfiles.serialization import dump_result, load_payload, load_result
 from serverless_gpu.wire.session import (

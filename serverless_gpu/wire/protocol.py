@@ -85,12 +85,14 @@ class Exiting:
 
 @dataclass(frozen=True)
 class RankSpec:
-    """What a forked rank needs to run its part of one call; the rest derives from ``run``."""
+    """What a rank needs to run its part of one call (``rank/become.py``); the rest derives
+    from ``run``. A Ray rank's adds what only the caller knows of its node
+    (``backends/ray/rank_spec.py``)."""
 
     run: RunSpec
     rank: int
     master_port: int
-    """The TCP port of rank 0's rendezvous store on 127.0.0.1."""
+    """The TCP port of rank 0's rendezvous store (on 127.0.0.1, or rank 0's Ray node)."""
     warm_group: bool = False
     """Every rank of the call holds a formed process group (``warm_group.py``): the user's
     ``init_process_group`` takes it. False: a rank that formed one drops it first."""

@@ -43,9 +43,9 @@ def test_stacks_name_where_each_rank_is_without_stopping_the_run() -> None:
     assert main_thread_frames(found[1])[0].func == "stuck_here", found[1]
     assert main_thread_frames(found[0])[0].func == "all_reduce", found[0]
     assert found[1].startswith("Main thread 0x")
-    for ours in ("rank/main.py", "rank/doctor.py", "sigwait"):  # the rank's start, the doctor
+    for ours in ("rank/main.py", "rank/become.py", "rank/doctor.py", "sigwait"):  # ours, the doctor
         assert ours not in found[1], found[1]
-    assert (Path(serverless_gpu.__file__).parent / "rank" / "main.py").is_file()
+    assert (Path(serverless_gpu.__file__).parent / "rank" / "become.py").is_file()
     assert (handle.run_dir / "stacks" / "rank_1.txt").read_text() == found[1]
     assert list(handle.result(timeout=60)) == [0, 1]  # the run went on and ended normally
 

@@ -66,7 +66,7 @@ def test_a_rank_on_node_one_raises_its_own_exception_quickly(
     assert info.value.serverless_gpu_rank == 2  # type: ignore[attr-defined]
     remote = str(info.value.__cause__)
     assert "node_one_raises" in remote, "the rank's traceback is attached"
-    for ours in ("rank_actor.py", "rank/main.py"):  # from the user's frame on
+    for ours in ("rank_actor.py", "rank/main.py", "rank/become.py"):  # from the user's frame on
         assert ours not in remote, remote
     out = capsys.readouterr().out
     assert "serverless_gpu: rank 2 failed (NodeOneFailure: " in out, out

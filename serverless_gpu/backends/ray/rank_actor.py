@@ -1,5 +1,6 @@
-"""One rank on a Ray node: an actor that captures its process's output, runs the user's function
-and hands back the result (a file in the caller's results twin on the caller's machine,
+"""One rank on a Ray node: an actor that captures its process's output, becomes the rank of each
+call it receives (a ``RayRankSpec``) as every rank does (``rank/become.py``), runs the user's
+function and hands back the result (a file in the caller's results twin on the caller's machine,
 else through Ray's object store: ``results.py``) or the failure's error record; after a
 call that succeeded it stays for the next call of its set (``standby.py``).
 
@@ -25,6 +26,7 @@ from typing import Any
 
 from serverless_gpu.backends.ray import doctor, results
 from serverless_gpu.backends.ray.doctor import STACKS, STOP
+from serverless_gpu.backends.ray.rank_spec import RayRankSpec
 from serverless_gpu.common.describe import describe_value
 from serverless_gpu.common.errors import (
     RAISED,
@@ -33,13 +35,11 @@ from serverless_gpu.common.errors import (
     exception_message,
 )
 from serverless_gpu.common.output import LineSplitter
-from serverless_gpu.common.proctitle import set_rank_title
-from serverless_gpu.rank import main as worker
-from serverless_gpu.rank import runtime, seeding, stop_request, warm_group
+from serverless_gpu.rank import become, stop_request, warm_group
 from serverless_gpu.runfiles.serialization import load_payload
 from serverless_gpu.wire.events import Event, OutputLines, RankMessage
 
-worker.hide_frames_of(__file__)
+become.hide_frames_of(__file__)
 _FLUSH_S = 0.1
 _DRAIN_S = 2.0
 NODE_LOCAL_ENV = ("CUDA_VISIBLE_DEVICES",)
@@ -82,7 +82,7 @@ class OutputCapture:
     def drained(self) -> None:
         """Wait (briefly) until what was written so far has been read."""
         for stream in (sys.stdout, sys.stderr):
-            worker.best_effort(stream.flush)
+            become.best_effort(stream.flush)
         deadline = time.monotonic() + _DRAIN_S
         while time.monotonic() < deadline and any(_pending(fd) for fd, _ in self._readers):
             time.sleep(0.01)
@@ -141,7 +141,7 @@ class RankActor:
         """Standby, after a call: shut down the call's process group, then (with a ``plan``)
         form the next call's default group with the set's other ranks (``warm_group.form``:
         NCCL on GPU nodes, gloo in CPU mode)."""
-        worker.best_effort(warm_group.finish)
+        become.best_effort(warm_group.finish)
         if plan is None:
             return False
         try:
@@ -150,55 +150,18 @@ class RankActor:
             print(f"serverless-gpu: no process group made ahead of the call: {exc}", flush=True)
             return False
 
-    def run(
-        self,
-        payload: bytes,
-        env: dict[str, str],
-        cwd: str,
-        sys_path: list[str],
-        name: str,
-        call: dict[str, Any],
-    ) -> Any:
+    def run(self, payload: bytes, spec: RayRankSpec) -> Any:
         """Run the call; returns ``("ok", [result], summary)`` (an object ref, or a
-        ``results.ResultFile`` on the caller's machine) or ``("error", record, summary)``.
-        ``call``: ``run_id``, ``adopt`` (the group formed ahead is the call's), ``warm``
-        (``warm_process_group``) and ``results`` (``results.ResultsPlace`` or None)."""
-        self.run_id = self._capture.run_id = call["run_id"]
-        _become_rank(self._base_env, env, cwd, sys_path, name)
-        stop_request.reset()
-        warm_group.settle(call["adopt"], call["warm"])
-        runtime.connect(self._to_caller)
-        self._running = True
+        ``results.ResultFile`` on the caller's machine) or ``("error", record, summary)``."""
+        self.run_id = self._capture.run_id = spec.run.run_id
         try:
-            outcome = self._call(payload, call.get("results"))
+            outcome = become.run_call(spec, _ActorTransport(self, payload, spec))
         finally:
             self._running = False
             self._capture.drained()
             self._flush(wait=True)
         # The call's process group is shut down by form_group, outside the call's time.
         return outcome
-
-    def _call(self, payload: bytes, place: results.ResultsPlace | None) -> Any:
-        try:
-            result = worker.call_function(lambda: load_payload(io.BytesIO(payload)))
-        except SystemExit as exc:
-            code = worker.exit_code(exc)
-            return self._error(exc, RAISED, "SystemExit", f"exited with code {code}")
-        except BaseException as exc:  # the user's failure goes back to the caller
-            return self._error(exc, RAISED, worker.qualified_type(exc), exception_message(exc))
-        try:
-            world = int(os.environ.get("WORLD_SIZE", "1"))
-            held = results.hand_over(result, place, self.rank, world)
-        except Exception as exc:  # cannot be serialized: say which rank and which type
-            return self._error(
-                exc, UNPICKLABLE_RESULT, worker.qualified_type(result), exception_message(exc)
-            )
-        return ("ok", [held], describe_value(result))
-
-    def _error(self, exc: BaseException, kind: FailureKind, type_name: str, message: str) -> Any:
-        record = worker.error_record(self.rank, exc, kind, type_name, message)
-        worker.best_effort(sys.stderr.write, record.traceback_text)
-        return ("error", record, record.failure.detail)
 
     # -- events to the caller, commands from it -----------------------------------------------
 
@@ -214,7 +177,7 @@ class RankActor:
             # the caller's commands.
             if self._events or (self._running and idle >= _POLL_S):
                 idle = 0.0
-                worker.best_effort(self._flush, True)
+                become.best_effort(self._flush, True)
 
     def _flush(self, wait: bool) -> None:
         import ray
@@ -246,27 +209,51 @@ def _all_stacks() -> str:
         return doctor.without_thread(f.read(), threading.get_ident())
 
 
-def _become_rank(
-    base: dict[str, str], env: dict[str, str], cwd: str, sys_path: list[str], name: str
-) -> None:
-    """The call's environment on top of the actor's own start-up one (never a previous
-    call's: a variable that call set and this caller has not is gone)."""
-    set_rank_title(int(env["RANK"]), int(env["WORLD_SIZE"]), name)
-    keep = {
-        k: v
-        for k, v in base.items()
-        if k.startswith("RAY_") or (k in NODE_LOCAL_ENV and k not in env)
-    }
-    os.environ.clear()
-    os.environ.update(env)
-    os.environ.update(keep)
-    if os.path.isdir(cwd):  # another node may not have the caller's folder
-        os.chdir(cwd)
-    sys.path[:] = [p for p in sys_path if not p or os.path.exists(p)] + [
-        p for p in sys.path if p not in sys_path
-    ]
-    worker.apply_thread_limit()
-    seeding.reseed()
+class _ActorTransport(become.Transport[Any]):
+    """A rank's call in a Ray actor: the payload from the object store, messages and output as
+    events to the set's sink; the answer is the actor's reply (``RankActor.run``)."""
+
+    remote = True
+
+    def __init__(self, actor: RankActor, payload: bytes, spec: RayRankSpec) -> None:
+        self.actor = actor
+        self.payload = payload
+        self.spec = spec
+
+    def kept_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The actor's start-up variables Ray's worker needs, never a previous call's."""
+        return {
+            k: v
+            for k, v in self.actor._base_env.items()
+            if k.startswith("RAY_") or (k in NODE_LOCAL_ENV and k not in env)
+        }
+
+    def to_caller(self, kind: str, data: Any) -> None:
+        self.actor._to_caller(kind, data)
+
+    def started(self) -> None:
+        self.actor._running = True
+
+    def load(self) -> become.Payload:
+        return load_payload(io.BytesIO(self.payload))
+
+    def exited(self, exc: SystemExit) -> Any:
+        code = become.exit_code(exc)
+        return self.failed(exc, RAISED, "SystemExit", f"exited with code {code}")
+
+    def failed(self, exc: BaseException, kind: FailureKind, type_name: str, message: str) -> Any:
+        record = become.error_record(self.spec.rank, exc, kind, type_name, message)
+        become.best_effort(sys.stderr.write, record.traceback_text)
+        return ("error", record, record.failure.detail)
+
+    def hand_over(self, result: Any) -> Any:
+        spec = self.spec
+        try:
+            held = results.hand_over(result, spec.results, spec.rank, spec.run.world_size)
+        except Exception as exc:  # cannot be serialized: say which rank and which type
+            type_name = become.qualified_type(result)
+            return self.failed(exc, UNPICKLABLE_RESULT, type_name, exception_message(exc))
+        return ("ok", [held], describe_value(result))
 
 
 def _free_port(ip: str) -> int:

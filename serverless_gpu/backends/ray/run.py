@@ -27,6 +27,7 @@ from serverless_gpu.backends.ray.placement import (
     ray_accelerator,
     reserve,
 )
+from serverless_gpu.backends.ray.rank_spec import rank_spec
 from serverless_gpu.backends.ray.ranks import LIVE, RayRank, rank_environment
 from serverless_gpu.backends.ray.standby import ActorSet, Shape, Standby, release
 from serverless_gpu.caller.hooks import RunContext
@@ -163,16 +164,10 @@ class RayRun:
         self._open_logs()
         payload = ray.put(self.payload)
         pending = {}
-        cwd, sys_path = self.spec.cwd, list(self.spec.sys_path)
-        call = {
-            "run_id": self.ctx.run_id,
-            "adopt": self.adopt,
-            "warm": self.spec.config.warm_process_group,
-            "results": results.place_for(self.ctx.paths),
-        }
+        place = results.place_for(self.ctx.paths)
         for r in self.ranks:
-            env = rank_environment(self.spec, self.ranks, r, self.cpus)
-            ref = r.actor.run.remote(payload, env, cwd, sys_path, self.ctx.name, call)
+            spec = rank_spec(self.spec, self.ranks, r, self.cpus, self.adopt, place)
+            ref = r.actor.run.remote(payload, spec)
             pending[ref] = r
             r.state = RankState.RUNNING
             doctor.start_dump_file(self.ctx.paths, r.rank, str(r.place.get("main_thread", "")))
