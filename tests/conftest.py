@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import module_times
 import pytest
 from procs import cmdlines, descendants, launcher_family, launcher_tree, wait_gone
 
@@ -73,6 +74,10 @@ def _settled(others: set[int]) -> bool:
     return True
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    module_times.record_if_asked(config)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist (scripts/test.sh: ``-n 2 --dist loadfile``) a test module runs in one
@@ -86,9 +91,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "tests/ray" if path.startswith("tests/ray/") else path
+            return module_times.scope_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # the whole queue is known at the first assignment
+                self.ordered = True
+                for scope in module_times.heaviest_first(self.workqueue):
+                    self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
 
     return ByModule(config, log)
 
