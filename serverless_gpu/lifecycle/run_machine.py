@@ -325,6 +325,9 @@ class RunMachine:
         ranks still running are stopped, those in ``announce`` say so, the run is reported."""
         if self.finished:
             return []
+        if self.stacks_due is not None:  # a failure came during the timeout's capture
+            self.stacks_due = None
+            self._out.append(SaveStacks())
         said = set(announce)
         for rank, r in enumerate(self.ranks):
             if r.running:

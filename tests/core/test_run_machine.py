@@ -161,6 +161,14 @@ def test_stacks_in_early_end_the_wait() -> None:
     assert m.stacks_in(at(1.2))[:2] == [SaveStacks(), Terminate((0, 1))]
 
 
+def test_stacks_taken_when_a_failure_cut_the_wait_short_are_saved_at_the_end() -> None:
+    m = running(exits=False, timeout=1.0, capture_s=2.0)
+    m.tick(at(1))
+    m.rank_done(0, "ValueError", raised(0, 1.5), at(1.5))
+    assert m.stopped and m.stacks_due is not None
+    assert m.end(at(1.6))[0] == SaveStacks()
+
+
 def test_a_timeout_before_any_rank_started_says_so_without_stacks_to_wait_for() -> None:
     m = machine(timeout=3.0)
     out = m.tick(at(3))
