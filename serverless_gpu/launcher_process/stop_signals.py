@@ -2,8 +2,8 @@
 
 A run that must end (cancel, timeout) ends in steps: on a timeout its stacks are taken first
 (:class:`StackCapture`), then, with ``stop_grace``, the ranks are asked to stop and given that
-long to return, and only then stopped as usual (TERM, grace, KILL). ``supervision`` drives the
-steps; this module holds what each one does.
+long to return, and only then stopped as usual (TERM, grace, KILL). The run machine
+(``lifecycle/run_machine.py``) times the steps; this module holds what each one does.
 """
 
 from __future__ import annotations
@@ -11,13 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Iterable, Sequence
 
 from serverless_gpu.doctor import stacks
 from serverless_gpu.launcher_process.rank_handle import RankProcess
 from serverless_gpu.wire.runpaths import RunPaths
-from serverless_gpu.wire.runspec import CAPTURE_S
 
 
 def signal_ranks(ranks: Sequence[RankProcess], which: Iterable[int], sig: int) -> list[int]:
@@ -83,7 +81,8 @@ def request_stop(ranks: Sequence[RankProcess], which: Iterable[int]) -> list[int
 
 
 class StackCapture:
-    """The stacks of a run's ranks, taken before a timeout stops them."""
+    """The stacks of a run's ranks, taken before a timeout stops them (``CAPTURE_S`` later,
+    the run machine says when)."""
 
     def __init__(
         self, paths: RunPaths, ranks: Sequence[RankProcess], which: Sequence[int], dump: bool
@@ -91,7 +90,6 @@ class StackCapture:
         self.paths = paths
         self.since = stacks.offsets(paths, which)
         request_stacks(paths, ranks, which, dump)
-        self.due = time.monotonic() + (CAPTURE_S if which else 0.0)
 
     def finish(self) -> None:
         """Save what the ranks dumped (``RunPaths.stacks``; the caller's error reads them)."""

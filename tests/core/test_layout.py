@@ -17,6 +17,7 @@ _SOURCES = ("serverless_gpu", "jupyter_ext")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("serverless_gpu.common",),
     ("serverless_gpu.wire",),
+    ("serverless_gpu.lifecycle",),
     ("serverless_gpu.runfiles",),
     ("serverless_gpu.doctor",),
     ("serverless_gpu.rank",),

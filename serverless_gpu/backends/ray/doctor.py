@@ -12,8 +12,6 @@ Stacks button and the timeout's per-rank frames read it unchanged.
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Callable
 
 from serverless_gpu.doctor import stacks
 from serverless_gpu.wire.runpaths import RunPaths
@@ -42,19 +40,3 @@ def without_thread(text: str, ident: int) -> str:
     """faulthandler's text without the block of thread ``ident`` (the one that took it)."""
     keep = [b for b in text.split("\n\n") if b.strip() and f"hread 0x{ident:016x}" not in b[:40]]
     return "\n\n".join(keep) + "\n\n"
-
-
-def take_before_stop(
-    paths: RunPaths, ranks: list[int], request: Callable[[], None], pump: Callable[[], None]
-) -> None:
-    """The timeout's first step: ask the running ``ranks`` for their stacks and save what
-    came within ``stacks.WAIT_S`` (``pump`` reads the ranks' events meanwhile)."""
-    since = stacks.offsets(paths, ranks)
-    request()
-    deadline = time.monotonic() + stacks.WAIT_S
-    while time.monotonic() < deadline:
-        pump()
-        if all(n > since[r] for r, n in stacks.offsets(paths, ranks).items()):
-            break
-        time.sleep(0.05)
-    stacks.save(paths, stacks.read_new(paths, since))
