@@ -85,8 +85,7 @@ class WidgetRenderer:
         self.record = ""
         """The finished run as static HTML (empty while it runs)."""
         self._build()
-        self._text = LiveText(self.view, shell, enabled=show)
-        """The latest lines as text, for frontends that draw no widgets."""
+        self._text = LiveText(self.view, shell, enabled=show)  # for frontends without widgets
         self._display: DisplayHandle | None = None
         if show:
             self._display = display(self.widget, display_id=True)
