@@ -27,6 +27,7 @@ from serverless_gpu.wire.events import Event, EventSubscriber, RanksSilent, RunF
 from . import html_view, stacks_view
 from .formatting import snapshot_text, status_words
 from .live_status import LiveStatus
+from .live_text import LiveText
 from .log_pane import LogPane
 from .runstate import RunView
 from .traceback_text import ipython_labeler
@@ -75,6 +76,7 @@ class WidgetRenderer(EventSubscriber):
         self.record = ""
         """The finished run as static HTML (empty while it runs)."""
         self._build()
+        self._text = LiveText(self.view, shell, enabled=show)  # for frontends without widgets
         self._display: DisplayHandle | None = None
         if show:
             self._display = display(self.widget, display_id=True)
@@ -199,6 +201,7 @@ class WidgetRenderer(EventSubscriber):
         self._refresh(force=False)
 
     def _refresh(self, *, force: bool) -> None:
+        self._text.refresh()
         now = time.monotonic()
         due = now - self._last_draw >= self.min_interval
         if force or (due and self._drawn.get(-1) != self.view.version):
@@ -256,6 +259,7 @@ class WidgetRenderer(EventSubscriber):
         for button in (self.cancel_button, self.stacks_button):
             button.disabled = True
             button.layout.display = "none"
+        self._text.clear()
         self._publish_record()
         if self._display is not None:
             self._keep_mlflow_button()
