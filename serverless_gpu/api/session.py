@@ -95,7 +95,7 @@ class Session:
         session_dirs: list[Path] = []
 
         def prepare(ctx: RunContext) -> None:
-            session_dir = ctx.run_dir / "session"
+            session_dir = ctx.paths.session
             make_fifos(session_dir, ctx.placement.world_size)
             session_dirs.append(session_dir)
             ctx.metadata["session"] = self.name

@@ -19,7 +19,7 @@ def holders(spec: RunSpec, running: Iterable[RunSpec]) -> str:
         devices = devices_of(other)
         if other.device != spec.device or not devices:
             continue
-        what = "session" if (other.paths.run_dir / "session").is_dir() else "run"
+        what = "session" if other.paths.session.is_dir() else "run"
         said.append(f"{what} {other.name!r} holds {kind} {', '.join(devices)}")
     return "; ".join(said) or "other runs hold its devices"
 

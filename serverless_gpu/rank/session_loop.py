@@ -32,6 +32,7 @@ from serverless_gpu.rank import runtime
 from serverless_gpu.rank.become import error_record, hide_frames_of, qualified_type
 from serverless_gpu.rank.session_group import GroupOwner, group_up
 from serverless_gpu.runfiles.serialization import dump_result, load_payload, load_result
+from serverless_gpu.wire.runpaths import RunPaths
 from serverless_gpu.wire.session import (
     CELL_DONE,
     EXEC,
@@ -247,7 +248,7 @@ def _device_memory() -> int:
 
 def serve() -> None:
     """The session's function in every rank: returns when the caller closes the session."""
-    session_dir = str(Path(settings.RUN_DIR.read()) / "session")
+    session_dir = str(RunPaths(Path(settings.RUN_DIR.read())).session)
     state = _Rank(session_dir)
     fd = os.open(session_fifo(session_dir, state.rank), os.O_RDONLY)
     signal.signal(signal.SIGINT, state.on_sigint)

@@ -89,6 +89,11 @@ class RunPaths:
         return self.run_dir / "mlflow_unsent.jsonl"
 
     @property
+    def session(self) -> Path:
+        """A persistent session's folder (its cells' pipes); a run with one is a session."""
+        return self.run_dir / "session"
+
+    @property
     def stacks_dir(self) -> Path:
         """The ranks' stacks and flight-recorder dumps (``stacks.py``), kept for the user."""
         return self.run_dir / "stacks"
