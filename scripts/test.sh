@@ -26,21 +26,32 @@ if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null && [ "$(id -u)" =
   apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
 fi
 
+# The type checks run beside the other checks (two cores; each check uses one).
+types() {
+  .venv/bin/mypy
+  # The other test folders each have a conftest.py (one module name), so each is checked alone
+  # (pyproject's [tool.mypy] files has the rest).
+  for dir in tests/conftest.py tests/cli tests/data tests/jupyter tests/tracking tests/trainers \
+    tests/ray tests/sessions; do
+    .venv/bin/mypy "$dir"
+  done
+}
+types_log=$(mktemp)
+types >"$types_log" 2>&1 &
+types_pid=$!
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy
-# The other test folders each have a conftest.py (one module name), so each is checked alone
-# (pyproject's [tool.mypy] files has the rest).
-for dir in tests/conftest.py tests/cli tests/data tests/jupyter tests/tracking tests/trainers \
-  tests/ray tests/sessions; do
-  .venv/bin/mypy "$dir"
-done
 # Notebooks are stored without outputs or execution counts (tests/notebooks executes them).
 .venv/bin/nbstripout --verify notebooks/*.ipynb
 # The documentation site, strict: a broken link or a missing API reference fails the build.
 site=$(mktemp -d)
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
 rm -rf "$site"
+types_status=0
+wait "$types_pid" || types_status=$?
+cat "$types_log"
+rm -f "$types_log"
+[ "$types_status" = 0 ] || exit "$types_status"
 
 say "lint, types, notebooks and docs checked in $((SECONDS - stage)) s"
 stage=$SECONDS
