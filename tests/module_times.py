@@ -4,8 +4,8 @@ xdist hands out one test module at a time (see ``conftest.pytest_xdist_make_sche
 default the modules with the most tests first: a module of a few slow tests (a browser, a
 notebook, a Ray cluster) then starts last and runs alone at the end. Here each module is
 weighed by its seconds in an earlier run (``module_times.json``, written by
-``SGPU_MODULE_TIMES=path`` and copied in by hand when the suite's shape changes), a module not
-listed there by its test count, and the heaviest go first.
+``SGPU_MODULE_TIMES=path`` and summed by ``python tests/module_times.py path`` when the
+suite's shape changes), a module not listed there by its test count, and the heaviest go first.
 """
 
 from __future__ import annotations
@@ -71,3 +71,19 @@ def record_if_asked(config: pytest.Config) -> None:
     controller = bool(getattr(config.option, "numprocesses", None))
     if path and (os.environ.get("PYTEST_XDIST_WORKER") is not None or not controller):
         config.pluginmanager.register(Recorder(path, scope_of), "sgpu-module-times")
+
+
+def main(argv: list[str]) -> None:
+    """``python tests/module_times.py RECORDED``: sum a recorded run's lines (one per worker)
+    into ``module_times.json``."""
+    totals: dict[str, float] = defaultdict(float)
+    for line in Path(argv[0]).read_text().splitlines():
+        for scope, seconds in json.loads(line).items():
+            totals[scope] += seconds
+    KNOWN.write_text(json.dumps({k: round(v, 1) for k, v in sorted(totals.items())}, indent=1))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
