@@ -162,14 +162,20 @@ def leftovers(timeout: float = 15.0, standby: bool = False) -> tuple[list[Any], 
         ray_backend().standby.release_all()
     deadline = time.monotonic() + timeout
     while True:
-        actors = [
-            a
-            for a in list_actors(filters=[("state", "!=", "DEAD")], raise_on_missing_output=False)
-            if a.class_name in OUR_ACTORS
-        ]
-        groups = list_placement_groups(
-            filters=[("state", "!=", "REMOVED")], raise_on_missing_output=False
-        )
+        try:
+            # A listing Ray could not complete (a busy node's state not in) raises rather than
+            # reads as "nothing left".
+            actors = [
+                a
+                for a in list_actors(filters=[("state", "!=", "DEAD")])
+                if a.class_name in OUR_ACTORS
+            ]
+            groups = list_placement_groups(filters=[("state", "!=", "REMOVED")])
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+            continue
         if (not actors and not groups) or time.monotonic() > deadline:
             return actors, groups
         time.sleep(0.5)
