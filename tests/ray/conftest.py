@@ -8,19 +8,20 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from eventually import eventually
 
 # Before ray is imported: Ray then runs a multi-node cluster on one machine, on 127.0.0.1.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.state import list_actors, list_placement_groups  # noqa: E402
+from ray.util.state.exception import RayStateApiException  # noqa: E402
 
 from serverless_gpu import tracking  # noqa: E402
 from serverless_gpu.backends.ray import ray_backend  # noqa: E402
@@ -160,22 +161,29 @@ def leftovers(timeout: float = 15.0, standby: bool = False) -> tuple[list[Any], 
     are released first unless ``standby``."""
     if not standby:
         ray_backend().standby.release_all()
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            # A listing Ray could not complete (a busy node's state not in) raises rather than
-            # reads as "nothing left".
-            actors = [
-                a
-                for a in list_actors(filters=[("state", "!=", "DEAD")])
-                if a.class_name in OUR_ACTORS
-            ]
-            groups = list_placement_groups(filters=[("state", "!=", "REMOVED")])
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-            continue
-        if (not actors and not groups) or time.monotonic() > deadline:
-            return actors, groups
-        time.sleep(0.5)
+    seen: list[tuple[list[Any], list[Any]]] = []
+
+    def nothing_left() -> bool:
+        listing = _complete_listing()
+        if listing is None:
+            return False
+        seen.append(listing)
+        return not listing[0] and not listing[1]
+
+    try:
+        eventually(nothing_left, "Ray to remove our actors and placement groups", timeout, 0.5)
+    except AssertionError:
+        if not seen:
+            raise  # Ray never completed a listing: nothing is known of what is left
+    return seen[-1]
+
+
+def _complete_listing() -> tuple[list[Any], list[Any]] | None:
+    """Our live actors and every placement group not removed; None where Ray could not
+    complete the listing (a busy node's state not in), which must not read as "nothing left"."""
+    try:
+        actors = list_actors(filters=[("state", "!=", "DEAD")])
+        groups = list_placement_groups(filters=[("state", "!=", "REMOVED")])
+    except RayStateApiException:
+        return None
+    return [a for a in actors if a.class_name in OUR_ACTORS], groups
