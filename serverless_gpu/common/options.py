@@ -130,24 +130,23 @@ def check_names(config_type: type, options: Collection[str], where: str) -> None
 # -- kinds --------------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int, words: str) -> int:
+    """``text`` as an integer of at least ``low``; ``words`` say what was expected."""
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"expected a positive integer, not {text!r}") from None
-    if value < 1:
-        raise ValueError(f"expected a positive integer, not {text!r}")
+        value = low - 1
+    if value < low:
+        raise ValueError(f"expected {words}, not {text!r}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected a whole number >= 0, not {text!r}") from None
-    if value < 0:
-        raise ValueError(f"expected a whole number >= 0, not {text!r}")
-    return value
+    return _int_at_least(text, 0, "a whole number >= 0")
 
 
 def _seconds(text: str) -> float | None:
