@@ -25,7 +25,6 @@ from serverless_gpu.api.decorator import DEFAULT_TIMEOUT
 from serverless_gpu.api.session import Session
 from serverless_gpu.caller.console import ConsolePrinter
 from serverless_gpu.caller.results import RunResult
-from serverless_gpu.common import backend_names
 
 from . import magic_args
 from .hook import widgets_wanted
@@ -35,18 +34,11 @@ _sessions: dict[str, tuple[Session, dict[str, Any]]] = {}
 
 
 def session_options(args: Any) -> dict[str, Any]:
-    backend = args.backend or ("ray" if args.remote else backend_names.DEFAULT)
-    if backend != backend_names.DEFAULT:  # a Session runs its ranks on this machine only
-        where = "a Ray cluster" if backend == "ray" else f"the {backend!r} backend"
-        raise UsageError(
-            f"--session runs on this machine: sessions on {where} are not supported yet"
-        )
     if args.run_async:
         raise UsageError("--session cells wait for their ranks: --async is for one-off cells")
-    # Every option of the magic but where the ranks run (checked above); a session has no
-    # limit unless the cell names one.
+    # Every option of the magic (--remote: the session's ranks are Ray actors); a session has
+    # no limit unless the cell names one.
     options = magic_args.config_options(args)
-    del options["remote"], options["backend"]
     if options["timeout"] == DEFAULT_TIMEOUT:
         options["timeout"] = None
     return options

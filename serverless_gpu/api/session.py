@@ -18,17 +18,18 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
 from serverless_gpu.api.decorator import DistributedFunction
+from serverless_gpu.backends import registry
 from serverless_gpu.caller.handle import RunHandle
 from serverless_gpu.caller.hooks import RunContext
 from serverless_gpu.caller.results import RunResult
 from serverless_gpu.caller.retries import Call
-from serverless_gpu.caller.session import CellHandle, SessionEndedError, SessionRun, make_fifos
+from serverless_gpu.caller.session import CellHandle, SessionEndedError, SessionRun
+from serverless_gpu.caller.session_links import FifoLink, TcpLink
 from serverless_gpu.common.errors import ConfigurationError, SerializationError
 from serverless_gpu.common.gpus import GPUType
 from serverless_gpu.rank.session_loop import serve
@@ -36,6 +37,7 @@ from serverless_gpu.runfiles.serialization import (
     describe_unpicklable,
     dump_payload,
     dump_result,
+    dumps_for_caller,
     max_payload_bytes,
 )
 from serverless_gpu.wire.config import DistributedConfig
@@ -73,11 +75,9 @@ class Session:
         **options: Any,
     ) -> None:
         unknown = set(options) - set(DistributedConfig.__dataclass_fields__)
-        if unknown or {"max_retries", "remote", "backend"} & set(options):
-            bad = ", ".join(sorted(unknown | ({"max_retries", "remote", "backend"} & set(options))))
-            raise ConfigurationError(
-                f"option(s) a Session does not take: {bad} (remote sessions are not supported yet)"
-            )
+        if unknown or "max_retries" in options:
+            bad = ", ".join(sorted(unknown | ({"max_retries"} & set(options))))
+            raise ConfigurationError(f"option(s) a Session does not take: {bad}")
         self.name = name or f"session{next(_numbers)}"
         options.setdefault("hang_warning", None)  # an idle session is silent by design
         config = DistributedConfig(
@@ -91,17 +91,28 @@ class Session:
         )
         self.config = config
         self._max_payload = max_payload_bytes(config.max_payload_bytes)
+        plugin = registry.for_config(config)
+        if not plugin.sessions:
+            raise ConfigurationError(f"the {plugin.name!r} backend does not run sessions")
         function = DistributedFunction(serve, config)
-        session_dirs: list[Path] = []
+        links: list[FifoLink | TcpLink] = []
 
         def prepare(ctx: RunContext) -> None:
-            session_dir = ctx.paths.session
-            make_fifos(session_dir, ctx.placement.world_size)
-            session_dirs.append(session_dir)
+            world = ctx.placement.world_size
+            host = plugin.session_host
+            link = TcpLink(host(), world) if host else FifoLink(ctx.paths.session, world)
+            links.append(link)
+            ctx.env.update(link.env())
+            ctx.session_link = link
             ctx.metadata["session"] = self.name
 
-        handle = function._start_with(Call(), (), {}, prepare=prepare, name=self.name)
-        self.core = SessionRun(handle, session_dirs[0], grace, self.name)
+        try:
+            handle = function._start_with(Call(), (), {}, prepare=prepare, name=self.name)
+        except BaseException:
+            for link in links:
+                link.close()
+            raise
+        self.core = SessionRun(handle, links[0], grace, self.name)
         """The caller's side of the ranks (``caller/session.py``)."""
         self.started = time.time()
         _register(self)
@@ -151,6 +162,9 @@ class Session:
         if bad:  # a cell could never name it
             raise ValueError(f"cannot push {', '.join(bad)}: not a Python identifier")
         self.core.check_alive()
+        if self.core.link.remote:  # the ranks may not see this machine's files
+            self._push_bytes(values)
+            return
         path = self.core.results_dir / f"push-{self.core._next:04d}.pkl"
         try:
             dump_result(values, path, 1)
@@ -164,6 +178,17 @@ class Session:
             self._finish(self.core.submit(PUSH, str(path)))
         finally:
             path.unlink(missing_ok=True)
+
+    def _push_bytes(self, values: dict[str, Any]) -> None:
+        __tracebackhide__ = True
+        try:
+            data = dumps_for_caller(values)
+        except Exception as exc:
+            where = describe_unpicklable(self.push, (), values).replace("argument ", "value ")
+            raise SerializationError(
+                f"cannot push to session {self.name!r}: {where}: {exc}"
+            ) from None
+        self._finish(self.core.submit(PUSH, data))
 
     def pull(self, name: str) -> list[Any]:
         """The value of ``name`` in each rank, in rank order; ``NameError`` names a rank

@@ -41,6 +41,9 @@ class BackendPlugin:
     """Stop every call and helper this backend started in this process (``shutdown()``)."""
     sessions: bool = False
     """Runs a :class:`~serverless_gpu.Session` (ranks kept between cells)."""
+    session_host: Callable[[], str] | None = None
+    """Where ranks may be on other machines: the address they reach the caller at (a session's
+    cells then travel over TCP, ``caller/session_links.py``); None: FIFOs on this machine."""
     stacks: bool = False
     """Takes the ranks' Python stacks on request (``handle.stacks()``)."""
     standby: bool = False

@@ -50,6 +50,9 @@ class RunContext:
     per-call state there (``call.state``, ``call.on_end``)."""
     handle: Any = field(default=None, repr=False)
     """The run's ``RunHandle`` once it is submitted (a notebook table follows it from there)."""
+    session_link: Any = field(default=None, repr=False)
+    """A session's link to its ranks (``caller/session_links.py``); a backend whose ranks send
+    their events through it (``TcpLink.attach``) hands them to the run."""
     _canceller: Callable[..., None] | None = field(default=None, repr=False)
     _stacks_taker: Callable[[], dict[int, str]] | None = field(default=None, repr=False)
 

@@ -1,17 +1,15 @@
 """The caller's side of a persistent session: one long run whose ranks serve cells.
 
 The run is an ordinary call (its events, tracking, devices and lifetime are a call's) whose
-function is ``rank/session_loop.serve``. Each cell is a :class:`CellRequest` written into every
-rank's FIFO; each rank answers with a ``CellDone`` message in the run's event stream, and
+function is ``rank/session_loop.serve``. Each cell is a :class:`CellRequest` sent to every rank
+through the session's link (``session_links.py``: FIFOs, or TCP to ranks on other machines);
+each rank answers with a ``CellDone`` message in the run's event stream, and
 :class:`CellHandle` waits for them by dispatching the run's events (so the console, the widget
 and MLflow see a cell's output and metrics as they see a call's).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from typing import Any
 
 from serverless_gpu.caller.handle import RunHandle
 from serverless_gpu.caller.results import RunResult, exception_from_record
+from serverless_gpu.caller.session_links import FifoLink, TcpLink
 from serverless_gpu.common.errors import (
     CancelledError,
     DistributedError,
@@ -36,8 +35,6 @@ from serverless_gpu.wire.session import (
     CellRequest,
     CloseSession,
     Interrupt,
-    session_fifo,
-    write_frame,
 )
 
 _CLOSE_WAIT_S = 10.0
@@ -48,12 +45,6 @@ _KEPT_CELLS = 100
 
 class SessionEndedError(DistributedError):
     """The session's ranks are gone: start a new session (its state is lost)."""
-
-
-def make_fifos(session_dir: Path, world_size: int) -> None:
-    session_dir.mkdir(mode=0o700)
-    for rank in range(world_size):
-        os.mkfifo(session_fifo(session_dir, rank), 0o600)
 
 
 @dataclass
@@ -69,16 +60,16 @@ class CellState:
 class SessionRun:
     """The ranks of one session, as the caller drives them."""
 
-    def __init__(self, handle: RunHandle[Any], session_dir: Path, grace: float, name: str) -> None:
+    def __init__(
+        self, handle: RunHandle[Any], link: FifoLink | TcpLink, grace: float, name: str
+    ) -> None:
         self.handle = handle
         self.name = name
-        self.session_dir = session_dir
+        self.link = link
         self.world = handle.context.placement.world_size
         self.grace = grace
-        # O_RDWR: never blocks on a FIFO with no reader yet, and the rank sees EOF only when
-        # this process (the one writer) is gone.
-        self._fds = [os.open(session_fifo(session_dir, r), os.O_RDWR) for r in range(self.world)]
-        self._write_lock = threading.Lock()
+        self._store: Any = None
+        """The store of the re-formed group's generation, where the caller keeps it (TCP)."""
         self._cells: dict[int, CellState] = {}
         self._next = 1
         self._reform = 0
@@ -138,7 +129,8 @@ class SessionRun:
             kind,
             data,
             reform_group=self._reform,
-            results_dir=str(self.results_dir),
+            reform_store=self._group_store() if self._reform else "",
+            results_dir="" if self.link.remote else str(self.results_dir),
             **fields,
         )
         self._reform = 0
@@ -154,12 +146,19 @@ class SessionRun:
         return paths.results_dir or paths.run_dir
 
     def _broadcast(self, message: object) -> None:
-        with self._write_lock:
-            for fd in self._fds:
-                try:
-                    write_frame(fd, message)
-                except OSError:  # closed meanwhile; the run's end says why
-                    pass
+        self.link.send(message)
+
+    def _group_store(self) -> str:
+        """Ranks that share no folder re-form on a store this process keeps until the next
+        re-form (the generation's group needs it only while it forms); else a file store."""
+        if not isinstance(self.link, TcpLink):
+            return ""
+        from datetime import timedelta
+
+        from serverless_gpu.common.group_store import listening_store
+
+        self._store = listening_store(self.link.host, 0, self.world, timedelta(seconds=60))
+        return f"{self.link.host}:{self._store.port}"
 
     def interrupt(self, number: int) -> None:
         cell = self._cells.get(number)
@@ -327,13 +326,8 @@ class SessionRun:
                 self.handle.cancel("the session was closed", force=True)
                 self.handle.wait(_CLOSE_WAIT_S)
             self.ended = "it was closed"
-        for fd in self._fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._fds = []
-        shutil.rmtree(self.session_dir, ignore_errors=True)
+        self.link.close()
+        self._store = None
 
 
 class CellHandle:

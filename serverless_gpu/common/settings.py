@@ -320,6 +320,19 @@ ATTEMPT = Variable(
     _int_between(0, 1_000_000),
     "In a rank: which run of its call this is, 0 first (``runtime.attempt()``).",
 )
+SESSION_ADDRESS = Variable(
+    "SERVERLESS_GPU_SESSION_ADDRESS",
+    "",
+    _text,
+    "In a rank of a session whose caller is on another machine: ``host:port`` where the caller "
+    "listens for its cells (``caller/session_links.py``); empty: the FIFOs of the run directory.",
+)
+SESSION_TOKEN = Variable(
+    "SERVERLESS_GPU_SESSION_TOKEN",
+    "",
+    _text,
+    "In such a rank: the secret it shows the caller's listener before anything else.",
+)
 
 INTERNAL: tuple[Variable[Any], ...] = (
     DEVICE,
@@ -331,6 +344,8 @@ INTERNAL: tuple[Variable[Any], ...] = (
     MLFLOW_ARTIFACT_URI,
     RAY_LAUNCH_GPUS,
     ATTEMPT,
+    SESSION_ADDRESS,
+    SESSION_TOKEN,
 )
 """Set by the library in the environment of its ranks and drivers; not settings (``check``
 leaves them alone)."""

@@ -9,7 +9,9 @@ What each action does with torch:
   is dropped, and what it deferred is shut: from now on the user's ``init_process_group`` is
   torch's own, as in a session that never had a group.
 * ``FORM``: the next generation on a ``FileStore`` in the session folder (no port, no
-  listener), the same backend and device as before.
+  listener), or, for ranks on several machines, on the store the caller keeps for it (a
+  ``TCPStore`` listening on the caller's cluster address); the same backend and device as
+  before.
 
 After a re-form, torch objects the cells kept (DDP, FSDP, a ``ProcessGroup``) still hold the old
 group: rank 0 names them in one line, and they are left as they are.
@@ -18,10 +20,11 @@ group: rank 0 names them in one line, and they are left as they are.
 from __future__ import annotations
 
 import contextlib
-import socket
 import sys
+from datetime import timedelta
 from typing import Any
 
+from serverless_gpu.common.group_store import listening_store
 from serverless_gpu.rank import runtime, warm_group
 from serverless_gpu.rank.group_state import GroupAction, GroupEvent, GroupState, cell_ended, step
 
@@ -43,10 +46,10 @@ class GroupOwner:
         self._apply(cell_ended(failed, group_up()))
         warm_group.flush_deferred()  # what the cell destroyed is shut at its end
 
-    def reform(self, generation: int) -> None:
+    def reform(self, generation: int, store: str = "") -> None:
         self._apply(GroupEvent.REFORM)
         try:
-            self._form(generation)
+            self._form(generation, store)
         except BaseException:
             self._apply(GroupEvent.REFORM_FAILED)
             raise
@@ -60,12 +63,18 @@ class GroupOwner:
         elif action is GroupAction.RELEASE:
             warm_group.release()
 
-    def _form(self, generation: int) -> None:
+    def _form(self, generation: int, address: str) -> None:
         import torch.distributed as dist
 
         abort()
         warm_group.release()
-        store = dist.FileStore(f"{self.session_dir}/group-{generation}", self.world)
+        store: Any
+        if address:  # the caller's, for ranks that share no folder
+            host, _, port = address.rpartition(":")
+            client = dist.TCPStore(host, int(port), self.world, False, timeout=_STORE_WAIT)
+            store = dist.PrefixStore(f"generation-{generation}", client)
+        else:
+            store = dist.FileStore(f"{self.session_dir}/group-{generation}", self.world)
         kwargs: dict[str, Any] = {}
         if not runtime.is_cpu_mode():
             import torch
@@ -105,25 +114,15 @@ def _store_on_loopback() -> None:
     def create(hostname: str, port: int, rank: int, world_size: int, *rest: Any) -> Any:
         if rank != 0 or hostname not in _LOOPBACK or not 0 < port < 2**16:
             return real(hostname, port, rank, world_size, *rest)
-        import torch.distributed as dist
-
-        listener = socket.create_server(("127.0.0.1", port), backlog=world_size + 16)
-        # the store's server owns the socket from here (it closes it with the store)
-        return dist.TCPStore(
-            hostname,
-            port,
-            world_size,
-            True,
-            timeout=rest[0],
-            multi_tenant=True,
-            master_listen_fd=listener.detach(),
-        )
+        return listening_store("127.0.0.1", port, world_size, rest[0])
 
     create._loopback = True  # type: ignore[attr-defined]
     rendezvous._create_c10d_store = create  # type: ignore[union-attr]
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_STORE_WAIT = timedelta(seconds=60)
+"""How long a re-forming rank waits for the caller's store and its peers."""
 
 
 def group_up() -> bool:

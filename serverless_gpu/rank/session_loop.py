@@ -1,7 +1,8 @@
 """A persistent session's rank: the call's function is this loop, which runs cell after cell in
 one namespace until the caller closes the session.
 
-Cells come from the rank's FIFO (``wire/session.py``), read by a thread that also turns an
+Cells come from the rank's FIFO, or from its TCP connection to a caller on another machine
+(``wire/session.py``), read by a thread that also turns an
 ``Interrupt`` into SIGINT for the main thread while a cell runs (``signal.pthread_kill``:
 a process-wide signal may land in another thread and would not wake a ``time.sleep``). Our
 SIGINT handler raises ``KeyboardInterrupt`` only while the cell's own code runs, so a late
@@ -18,6 +19,7 @@ import os
 import pickle
 import queue
 import signal
+import socket
 import sys
 import threading
 import types
@@ -28,10 +30,15 @@ import cloudpickle
 
 from serverless_gpu.common import settings, sources
 from serverless_gpu.common.errors import RAISED, exception_message
-from serverless_gpu.rank import runtime
+from serverless_gpu.rank import event_route, runtime
 from serverless_gpu.rank.become import error_record, hide_frames_of, qualified_type
 from serverless_gpu.rank.session_group import GroupOwner, group_up
-from serverless_gpu.runfiles.serialization import dump_result, load_payload, load_result
+from serverless_gpu.runfiles.serialization import (
+    dump_result,
+    dumps_for_caller,
+    load_payload,
+    load_result,
+)
 from serverless_gpu.wire.runpaths import RunPaths
 from serverless_gpu.wire.session import (
     CELL_DONE,
@@ -44,6 +51,8 @@ from serverless_gpu.wire.session import (
     CellRequest,
     CloseSession,
     Interrupt,
+    frame_bytes,
+    hello_bytes,
     read_frame,
     session_fifo,
 )
@@ -112,7 +121,7 @@ class _Rank:
     def cell(self, request: CellRequest) -> CellDone:
         try:
             if request.reform_group:
-                self.reform(request.reform_group)
+                self.reform(request.reform_group, request.reform_store)
             if request.fallback is not None:
                 for name, value in pickle.loads(request.fallback).items():
                     self.namespace.setdefault(name, value)
@@ -152,8 +161,8 @@ class _Rank:
         if kind == RUN:
             fn, args, kwargs = load_payload(io.BytesIO(data))
             return with_namespace(fn, ns)(*args, **kwargs)
-        if kind == PUSH:
-            ns.update(load_result(Path(data)))
+        if kind == PUSH:  # the values' file, or (a caller on another machine) their bytes
+            ns.update(pickle.loads(data) if isinstance(data, bytes) else load_result(Path(data)))
             return None
         if kind == PULL:
             if data not in ns:
@@ -176,23 +185,19 @@ class _Rank:
     def encode(self, request: CellRequest, value: Any) -> tuple[bytes | None, str]:
         if value is None:
             return None, ""
+        if not request.results_dir:  # the caller's files are out of reach: all in the answer
+            return _pickled(value, dumps_for_caller), ""
         if not _holds_tensors(value):
-            try:
-                data = cloudpickle.dumps(value)
-            except Exception as exc:
-                raise TypeError(
-                    f"the cell's value, a {qualified_type(value)}, cannot be pickled: "
-                    f"{exception_message(exc)}"
-                ) from None
+            data = _pickled(value, cloudpickle.dumps)
             if len(data) < _INLINE_BYTES:
                 return data, ""
         path = Path(request.results_dir) / f"cell-{request.number:04d}-value_{self.rank}.pkl"
         dump_result(value, path, self.world)
         return None, str(path)
 
-    def reform(self, generation: int) -> None:
-        """A new default group on a file store of this generation: the broken one is gone."""
-        self.group.reform(generation)
+    def reform(self, generation: int, store: str) -> None:
+        """A new default group on the store of this generation: the broken one is gone."""
+        self.group.reform(generation, store)
         held = self.group.held if self.rank == 0 else []
         if self.rank == 0:
             runtime.send_to_caller(GROUP_NOTE, (generation, tuple(held)))
@@ -220,6 +225,16 @@ def with_namespace(fn: Any, ns: dict[str, Any]) -> Any:
     moved = types.FunctionType(fn.__code__, ns, fn.__name__, fn.__defaults__, fn.__closure__)
     moved.__kwdefaults__ = fn.__kwdefaults__
     return moved
+
+
+def _pickled(value: Any, dumps: Any) -> bytes:
+    try:
+        return bytes(dumps(value))
+    except Exception as exc:
+        raise TypeError(
+            f"the cell's value, a {qualified_type(value)}, cannot be pickled: "
+            f"{exception_message(exc)}"
+        ) from None
 
 
 def _message(exc: BaseException) -> str:
@@ -250,10 +265,45 @@ def serve() -> None:
     """The session's function in every rank: returns when the caller closes the session."""
     session_dir = str(RunPaths(Path(settings.RUN_DIR.read())).session)
     state = _Rank(session_dir)
-    fd = os.open(session_fifo(session_dir, state.rank), os.O_RDONLY)
-    signal.signal(signal.SIGINT, state.on_sigint)
+    address = settings.SESSION_ADDRESS.read()
+    link = _connect(address, state.rank) if address else None
+    fd = link.fileno() if link else os.open(session_fifo(session_dir, state.rank), os.O_RDONLY)
+    previous = signal.signal(signal.SIGINT, state.on_sigint)
+    # Ray's workers block SIGINT: the main thread must take the interrupt it is sent
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     reader = threading.Thread(
         target=state.read, args=(fd,), name="serverless-gpu-session", daemon=True
     )
     reader.start()
-    state.loop()
+    try:
+        state.loop()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, previous)  # a Ray actor serves later calls
+        if link is not None:
+            event_route.set_route(None)
+            link.close()
+        else:
+            os.close(fd)
+
+
+_CONNECT_S = 30.0
+
+
+def _connect(address: str, rank: int) -> socket.socket:
+    """The rank's connection to its caller, which then carries its events too (``event_route``):
+    a cell's answer leaves after the cell's output, in one stream."""
+    host, _, port = address.rpartition(":")
+    link = socket.create_connection((host, int(port)), timeout=_CONNECT_S)
+    link.settimeout(None)
+    link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    link.sendall(hello_bytes(rank, settings.SESSION_TOKEN.read()))
+    lock = threading.Lock()
+
+    def send(batch: list[Any]) -> None:
+        data = frame_bytes(batch)
+        with lock:
+            link.sendall(data)
+
+    event_route.set_route(send)
+    return link

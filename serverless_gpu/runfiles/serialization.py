@@ -8,6 +8,7 @@ the caller and written to one file that every rank reads.
 from __future__ import annotations
 
 import inspect
+import io
 import os
 import pickle
 import types
@@ -190,6 +191,13 @@ class _ResultPickler(cloudpickle.Pickler):
         if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
             return _identity, (obj.detach().cpu(),)
         return super().reducer_override(obj)
+
+
+def dumps_for_caller(obj: Any) -> bytes:
+    """``obj`` pickled for a caller without CUDA (its CUDA tensors as CPU ones)."""
+    buffer = io.BytesIO()
+    _ResultPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
 
 
 def _identity(value: Any) -> Any:

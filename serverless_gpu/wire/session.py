@@ -1,10 +1,13 @@
 """What a persistent session's caller and ranks say to each other about cells.
 
 The caller writes :class:`CellRequest`, :class:`Interrupt` and :class:`CloseSession` frames into
-one FIFO per rank in the session's folder of the run directory (``session_fifo``); the ranks
-answer each cell with a :class:`CellDone` through ``runtime.send_to_caller`` (kind
-``CELL_DONE``), which reaches the caller as a ``RankMessage`` in the run's one event stream, after
-the output the rank wrote during the cell.
+one FIFO per rank in the session's folder of the run directory (``session_fifo``), or, where the
+ranks may be on other machines (a Ray cluster), into one TCP connection per rank that the rank
+opened to the caller with a hello (``hello_bytes``: its rank and the session's secret, not a
+pickle: nothing is unpickled from a peer before it has shown the secret); the ranks answer each
+cell with a :class:`CellDone` through ``runtime.send_to_caller`` (kind ``CELL_DONE``), which
+reaches the caller as a ``RankMessage`` in the run's one event stream, after the output the rank
+wrote during the cell (over TCP the rank's events travel in the same connection, as lists).
 """
 
 from __future__ import annotations
@@ -47,7 +50,11 @@ class CellRequest:
     """Pickled ``{name: value}`` from the caller for names the namespace lacks (a magic cell's
     notebook names); set only where missing."""
     results_dir: str = ""
-    """Where a value too large for a message is written."""
+    """Where a value too large for a message is written; empty: every value travels in the
+    answer (a rank that cannot reach the caller's files)."""
+    reform_store: str = ""
+    """With ``reform_group``: ``host:port`` of the store the caller keeps for the new
+    generation; empty: a file store in the session's folder (every rank on this machine)."""
 
 
 @dataclass(frozen=True)
@@ -77,13 +84,36 @@ class CellDone(CellEnd):
     """Bytes of device memory allocated now in this rank (CUDA), 0 in CPU mode."""
 
 
+_HELLO = struct.Struct("<I32s")
+TOKEN_BYTES = 32
+"""The session's secret: 32 hex characters."""
+
+
+def hello_bytes(rank: int, token: str) -> bytes:
+    return _HELLO.pack(rank, token.encode("ascii"))
+
+
+HELLO_BYTES = _HELLO.size
+
+
+def read_hello(data: bytes) -> tuple[int, bytes]:
+    """A new connection's rank and secret (as sent), from its first ``HELLO_BYTES``."""
+    rank, token = _HELLO.unpack(data)
+    return int(rank), bytes(token)
+
+
 def session_fifo(session_dir: Path | str, rank: int) -> Path:
     return Path(session_dir) / f"in_{rank}"
 
 
-def write_frame(fd: int, message: object) -> None:
+def frame_bytes(message: object) -> bytes:
+    """``message`` pickled, behind its length."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(_HEADER.pack(len(data)) + data)
+    return _HEADER.pack(len(data)) + data
+
+
+def write_frame(fd: int, message: object) -> None:
+    view = memoryview(frame_bytes(message))
     while view:
         view = view[os.write(fd, view) :]
 

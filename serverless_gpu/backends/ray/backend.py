@@ -38,6 +38,8 @@ class RayBackend:
         handle: RunHandle[Any] = RunHandle(context, cancel, take_stacks=take_stacks)
         run = RayRun(context, payload, handle.push, self.standby)
         runs.append(run)
+        if context.session_link is not None:  # a session's actors send their events there
+            context.session_link.attach(run.deliver)
         handle.load_values = lambda: _values(run)
         with self._lock:
             self._runs = {k: v for k, v in self._runs.items() if v.thread.is_alive()}

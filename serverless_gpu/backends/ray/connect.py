@@ -57,6 +57,13 @@ def connect(timeout: float | None = None) -> Any:
     return ray
 
 
+def caller_address() -> str:
+    """This process's address on the cluster's network (where a session's actors reach it)."""
+    import ray
+
+    return str(ray.util.get_node_ip_address())
+
+
 def connected() -> bool:
     """Whether a call would find a cluster: ``ray.init`` called, or ``RAY_ADDRESS`` set."""
     try:

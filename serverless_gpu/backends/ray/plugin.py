@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from serverless_gpu.backends.ray.backend import ray_backend, stop_ray_calls
-from serverless_gpu.backends.ray.connect import cluster_placement, connect
+from serverless_gpu.backends.ray.connect import caller_address, cluster_placement, connect
 from serverless_gpu.backends.registry import BackendPlugin
 from serverless_gpu.common.gpus import Placement, cpu_mode_requested
 from serverless_gpu.wire.config import DistributedConfig
@@ -25,8 +25,9 @@ PLUGIN = BackendPlugin(
     backend=lambda config: ray_backend(),
     placement=_placement,
     shutdown=stop_ray_calls,
-    # A Session's cells talk to its ranks through FIFOs on this machine: none on Ray yet.
-    sessions=False,
+    # A Session's cells reach its actors over TCP, at the address the cluster knows us by.
+    sessions=True,
+    session_host=caller_address,
     stacks=True,  # RayRun.request_stacks: the actors' stacks through the rank doctor
     # Actors start with the call (and stay for the next call of its shape): nothing ahead.
     standby=False,

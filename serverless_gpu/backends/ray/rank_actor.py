@@ -5,7 +5,9 @@ else through Ray's object store: ``results.py``) or the failure's error record; 
 call that succeeded it stays for the next call of its set (``standby.py``).
 
 The function runs on the actor's main thread, as a local rank runs it; output is read by two
-threads and sent, with the rank's messages, to the set's event sink every 0.1 s.
+threads and sent, with the rank's messages, to the set's event sink every 0.1 s, or, in a
+session's rank, at once through its connection to the caller (``rank/event_route.py``): a cell's
+end (a ``CellEnd``) leaves after the cell's output.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import faulthandler
 import fcntl
 import io
 import os
+import select
 import socket
 import struct
 import sys
@@ -35,9 +38,9 @@ from serverless_gpu.common.errors import (
     exception_message,
 )
 from serverless_gpu.common.output import LineSplitter
-from serverless_gpu.rank import become, stop_request, warm_group
+from serverless_gpu.rank import become, event_route, stop_request, warm_group
 from serverless_gpu.runfiles.serialization import load_payload
-from serverless_gpu.wire.events import Event, OutputLines, RankMessage
+from serverless_gpu.wire.events import CellEnd, Event, OutputLines, RankMessage
 
 become.hide_frames_of(__file__)
 _FLUSH_S = 0.1
@@ -55,6 +58,7 @@ class OutputCapture:
         self.run_id = run_id
         self.rank = rank
         self._emit = emit
+        self._reading = threading.Lock()
         self._readers: list[tuple[int, threading.Thread]] = []
         for fd, stream in ((1, "stdout"), (2, "stderr")):
             read_end, write_end = os.pipe()
@@ -70,23 +74,31 @@ class OutputCapture:
 
     def _read(self, fd: int, stream: str) -> None:
         splitter = LineSplitter()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         while True:
-            data = os.read(fd, 1 << 16)
-            if not data:
-                break
-            lines = splitter.feed(data, time.monotonic())
-            if lines:
-                run_id = self.run_id
-                self._emit(OutputLines(run_id, self.rank, stream, tuple(lines), time.time()))
+            poller.poll()
+            # read and emitted under one lock: drained() holding it with nothing left unread
+            # knows every byte written so far is an event
+            with self._reading:
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    break
+                lines = splitter.feed(data, time.monotonic())
+                if lines:
+                    run_id = self.run_id
+                    self._emit(OutputLines(run_id, self.rank, stream, tuple(lines), time.time()))
 
     def drained(self) -> None:
-        """Wait (briefly) until what was written so far has been read."""
+        """Wait (briefly) until what was written so far is an event."""
         for stream in (sys.stdout, sys.stderr):
             become.best_effort(stream.flush)
         deadline = time.monotonic() + _DRAIN_S
-        while time.monotonic() < deadline and any(_pending(fd) for fd, _ in self._readers):
-            time.sleep(0.01)
-        time.sleep(0.02)  # the reader's last piece becomes its event
+        while time.monotonic() < deadline:
+            with self._reading:
+                if not any(_pending(fd) for fd, _ in self._readers):
+                    return
+            time.sleep(0.001)
 
 
 def _pending(fd: int) -> int:
@@ -166,13 +178,31 @@ class RankActor:
     # -- events to the caller, commands from it -----------------------------------------------
 
     def _to_caller(self, kind: str, data: Any) -> None:
+        if isinstance(data, CellEnd) and event_route.current() is not None:
+            self._capture.drained()  # the cell's output goes first, and all of it now
+            self._events.append(RankMessage(self.run_id, self.rank, kind, data, time.time()))
+            self._route()
+            return
         self._events.append(RankMessage(self.run_id, self.rank, kind, data, time.time()))
+
+    def _route(self) -> bool:
+        """Send the events through the session's connection, if it has one (no Ray call)."""
+        route = event_route.current()
+        if route is None:
+            return False
+        with self._send_lock:
+            batch = [self._events.popleft() for _ in range(len(self._events))]
+            if batch:
+                route(batch)
+        return True
 
     def _flush_loop(self) -> None:
         idle = 0.0
         while True:
             time.sleep(_FLUSH_S)
             idle += _FLUSH_S
+            if event_route.current() is not None:  # a session's rank: events go at once
+                become.best_effort(self._route)
             # While a call runs, an empty batch is sent now and then too: its reply carries
             # the caller's commands.
             if self._events or (self._running and idle >= _POLL_S):
@@ -182,7 +212,8 @@ class RankActor:
     def _flush(self, wait: bool) -> None:
         import ray
 
-        with self._send_lock:
+        self._route()
+        with self._send_lock:  # with a route, the sink only brings the caller's commands
             batch = [self._events.popleft() for _ in range(len(self._events))]
             ref = self._sink.put.remote(self.rank, batch)
             commands: list[str] = ray.get(ref, timeout=10) if wait else []

@@ -71,6 +71,7 @@ class RayRun:
         self.values: list[Any] = []
         self.value_errors: dict[int, BaseException] = {}
         self.thread = threading.Thread(target=self._main, name="serverless-gpu-ray", daemon=True)
+        self._deliver_lock = threading.Lock()
         self._carry: dict[type, Callable[[Any], None]] = {
             Emit: lambda a: self.push(a.event),
             AskStop: lambda a: self._command(list(a.ranks), STOP),
@@ -277,9 +278,11 @@ class RayRun:
         self._apply(self.machine.run_failed(message, _now()))
 
     def _close_logs(self) -> None:
-        for r in self.ranks:
-            if r.log is not None:
-                r.log.close()
+        with self._deliver_lock:  # a session's link may still bring a last line
+            for r in self.ranks:
+                if r.log is not None:
+                    r.log.close()
+                    r.log = None
 
     def _take_events(self) -> None:
         import ray
@@ -290,15 +293,20 @@ class RayRun:
             events = ray.get(self.actors.sink.take.remote(), timeout=CALL_S)
         except Exception:  # the sink is gone (the caller's node is going away): nothing to show
             return
-        for event in events:
-            if event.run_id != self.ctx.run_id:
-                continue  # a thread the last call of the set left behind
-            if isinstance(event, RankMessage) and event.kind == STACKS:
-                doctor.append(self.ctx.paths, event.rank, str(event.data))
-                continue
-            if isinstance(event, OutputLines):
-                self._log(event)
-            self.push(event)
+        self.deliver(events)
+
+    def deliver(self, events: list[Any]) -> None:
+        """The ranks' events, from the sink or a session's link: logs, stacks, the handle."""
+        with self._deliver_lock:
+            for event in events:
+                if event.run_id != self.ctx.run_id:
+                    continue  # a thread the last call of the set left behind
+                if isinstance(event, RankMessage) and event.kind == STACKS:
+                    doctor.append(self.ctx.paths, event.rank, str(event.data))
+                    continue
+                if isinstance(event, OutputLines):
+                    self._log(event)
+                self.push(event)
 
     def _log(self, event: OutputLines) -> None:
         log = self.ranks[event.rank].log
