@@ -152,13 +152,18 @@ def settle(adopt: bool, defer: bool) -> None:
 
 def finish() -> None:
     """After the result is reported: shut down what the call destroyed, then whatever group is
-    still registered (a call need not destroy its group)."""
+    still registered (a call need not destroy its group). The hand-over ends with it: a group
+    the call never took is gone too, and a Ray actor's next ``form`` must meet torch's own
+    functions, not a hand-over of a group that no longer exists."""
+    global _plan
     import torch.distributed as dist
 
     flush_deferred()
     with contextlib.suppress(Exception):
         if dist.is_initialized():
             _real.get("destroy_process_group", dist.destroy_process_group)()
+    _plan = None
+    _uninstall()
 
 
 def pre_formed() -> bool:

@@ -202,3 +202,11 @@ def tensor_and_views(mib: int) -> dict[str, Any]:
 
     tensor = tensor_of(mib)
     return {"t": tensor, "evens": tensor[::2], "head": tensor[:4], "bf": tensor[:8].bfloat16()}
+
+
+def group_formed_ahead() -> tuple[int, bool]:
+    """The rank's process, and whether a process group was there before the call (which
+    forms none of its own)."""
+    import torch.distributed as dist
+
+    return os.getpid(), dist.is_initialized()

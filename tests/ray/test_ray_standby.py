@@ -58,6 +58,19 @@ def test_the_next_call_takes_the_actors_and_group_until_the_environment_changes(
     assert leftovers(standby=True) == ([], []), "shutdown() released the standby set"
 
 
+def test_a_call_that_never_takes_the_group_leaves_the_next_call_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each kept set forms the next call's group, also after a call that left the one formed
+    for it untouched (the hand-over then still stood, and the next formation failed)."""
+    fn = distributed(gpus=2, gpu_type="cpu", remote=True, timeout=180, output="none")(
+        ray_fns.group_formed_ahead
+    )
+    calls = [list(fn.distributed()) for _ in range(3)]
+    assert len({pid for call in calls for pid, _ in call}) == 2, "the same two actors"
+    assert [[formed for _, formed in call] for call in calls] == [[False] * 2, [True] * 2, [True] * 2]
+
+
 def test_standby_actors_are_released_after_the_idle_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SERVERLESS_GPU_RAY_IDLE_S", "2")
     _fn().distributed()
