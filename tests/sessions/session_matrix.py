@@ -29,6 +29,10 @@ PEER_FREED_S = 3.0
 """A peer blocked in a collective is freed within this (plus a cell's round trip)."""
 WORLD = int(os.environ.get("SESSION_MATRIX_WORLD", "2"))
 """Ranks per session (``scripts/session_nccl_check.py``: one per visible GPU, at most 2)."""
+REMOTE = os.environ.get("SESSION_MATRIX_REMOTE") == "1"
+"""Sessions (and the calls before them) on the Ray cluster at ``RAY_ADDRESS`` (``remote=True``):
+``tests/ray/test_ray_sessions.py``. There a ``pre-formed`` group is a standby set's: the actors
+of a call of the session's shape, which formed the next call's group after it."""
 PEER_FAULTS = ("peer-raises", "cancel-in-collective")
 """Faults that need a peer: skipped (and said so) with one rank."""
 
@@ -74,21 +78,36 @@ class Matrix:
 
     def prepare(self) -> None:
         if self.situation == "after-call":
-            call = distributed(gpus=WORLD, gpu_type=self.gpu_type, tracking=False)(_rank)
-            assert list(call.distributed()) == list(range(WORLD))
+            _call(self.gpu_type)
         elif self.situation == "second":
-            with Session(gpus=WORLD, gpu_type=self.gpu_type, tracking=False, name="before") as s:
+            with Session(
+                gpus=WORLD, gpu_type=self.gpu_type, tracking=False, name="before", remote=REMOTE
+            ) as s:
                 s.exec("x = 1")
 
     def open(self, origin: str) -> Session:
         options: dict[str, Any] = {}
         if origin == "pre-formed":
-            _wait_prewarmed(self.gpu_type)
+            _call(self.gpu_type) if REMOTE else _wait_prewarmed(self.gpu_type)
         elif origin == "no-warm":
             options["warm_process_group"] = False
         sess = Session(
-            gpus=WORLD, gpu_type=self.gpu_type, tracking=False, name=origin, grace=5.0, **options
+            gpus=WORLD,
+            gpu_type=self.gpu_type,
+            tracking=False,
+            name=origin,
+            grace=5.0,
+            remote=REMOTE,
+            **options,
         )
+        try:
+            self.begin(sess, origin)
+        except BaseException:
+            sess.close()  # its ranks would hold the devices the next origin needs
+            raise
+        return sess
+
+    def begin(self, sess: Session, origin: str) -> None:
         dev = "torch.device('cuda', r)" if self.device == "cuda" else "'cpu'"
         sess.exec(
             "import os, time, torch, torch.distributed as dist\n"
@@ -103,7 +122,6 @@ class Matrix:
             if origin == "no-warm":
                 assert formed == [False] * WORLD, f"a group before the user's: {formed}"
             sess.exec(_init_code(self.device))
-        return sess
 
     # -- the faults -----------------------------------------------------------------------------
 
@@ -230,6 +248,12 @@ _seen: dict[int, dict[int, int]] = {}
 
 def _entered_before(sess: Session, rank: int) -> int:
     return _seen.get(id(sess), {}).get(rank, 0)
+
+
+def _call(gpu_type: str | None) -> None:
+    """A call of the session's shape (on Ray: its actors then wait for the next one)."""
+    call = distributed(gpus=WORLD, gpu_type=gpu_type, tracking=False, remote=REMOTE)(_rank)
+    assert list(call.distributed()) == list(range(WORLD))
 
 
 def _wait_prewarmed(gpu_type: str | None) -> None:
