@@ -68,7 +68,8 @@ def test_a_call_that_never_takes_the_group_leaves_the_next_call_one(
     )
     calls = [list(fn.distributed()) for _ in range(3)]
     assert len({pid for call in calls for pid, _ in call}) == 2, "the same two actors"
-    assert [[formed for _, formed in call] for call in calls] == [[False] * 2, [True] * 2, [True] * 2]
+    formed = [[ahead for _, ahead in call] for call in calls]
+    assert formed == [[False] * 2, [True] * 2, [True] * 2]
 
 
 def test_standby_actors_are_released_after_the_idle_time(monkeypatch: pytest.MonkeyPatch) -> None:
