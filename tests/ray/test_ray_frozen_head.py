@@ -1,4 +1,4 @@
-"""A remote call whose RAY_ADDRESS names a frozen head (its gcs_server stopped with SIGSTOP: the
+"""A remote call or session whose RAY_ADDRESS names a frozen head (its gcs_server stopped with SIGSTOP: the
 kernel still accepts connections, nothing answers) fails within 10 s, naming the address and
 what did not answer, and a caller SIGTERMed while it waits exits at once."""
 
@@ -16,15 +16,22 @@ import psutil
 import pytest
 
 HERE = Path(__file__).resolve().parent
-CALL = (
-    "import serverless_gpu as s\n"
-    "fn = s.distributed(gpus=2, gpu_type='cpu', remote=True, timeout=30)(print)\n"
-    "print('calling', flush=True)\n"
-    "try:\n"
-    "    fn.distributed()\n"
-    "except s.ConfigurationError as exc:\n"
-    "    print('ConfigurationError:', exc)\n"
-)
+CALLS = {
+    "call": "s.distributed(gpus=2, gpu_type='cpu', remote=True, timeout=30)(print).distributed()",
+    # a session has no time limit by default: connecting is bounded all the same
+    "session": "s.Session(gpus=2, gpu_type='cpu', remote=True).exec('1')",
+}
+
+
+def _code(what: str) -> str:
+    return (
+        "import serverless_gpu as s\n"
+        "print('calling', flush=True)\n"
+        "try:\n"
+        f"    {CALLS[what]}\n"
+        "except s.ConfigurationError as exc:\n"
+        "    print('ConfigurationError:', exc)\n"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,20 +65,21 @@ def frozen_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
             head.wait(10)
 
 
-def _caller(address: str, home: Path, tmp_path: Path) -> subprocess.Popen[str]:
+def _caller(address: str, home: Path, tmp_path: Path, what: str) -> subprocess.Popen[str]:
     env = {**os.environ, "RAY_ADDRESS": address, "HOME": str(home)}
     env["SERVERLESS_GPU_RUNS_DIR"] = str(tmp_path / "runs")
     return subprocess.Popen(
-        [sys.executable, "-c", CALL], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _code(what)], env=env, stdout=subprocess.PIPE, text=True
     )
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("what", sorted(CALLS))
 def test_a_frozen_head_fails_the_call_within_10_s(
-    frozen_head: tuple[str, Path], tmp_path: Path
+    frozen_head: tuple[str, Path], tmp_path: Path, what: str
 ) -> None:
     address, home = frozen_head
-    caller = _caller(address, home, tmp_path)
+    caller = _caller(address, home, tmp_path, what)
     assert caller.stdout is not None
     assert caller.stdout.readline() == "calling\n"
     started = time.monotonic()
@@ -89,7 +97,7 @@ def test_a_frozen_head_fails_the_call_within_10_s(
 def test_a_caller_waiting_on_a_frozen_head_exits_at_sigterm(
     frozen_head: tuple[str, Path], tmp_path: Path
 ) -> None:
-    caller = _caller(*frozen_head, tmp_path)
+    caller = _caller(*frozen_head, tmp_path, "call")
     assert caller.stdout is not None
     assert caller.stdout.readline() == "calling\n"
     caller.send_signal(signal.SIGTERM)

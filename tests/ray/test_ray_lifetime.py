@@ -53,12 +53,21 @@ def test_a_killed_caller_leaves_no_actor_and_no_placement_group(
     assert leftovers(timeout=30) == ([], []), "Ray removed the dead caller's actors and group"
 
 
-def test_no_cluster_is_a_configuration_error_before_anything_starts(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "start",
+    [
+        "s.distributed(gpus=2, gpu_type='cpu', remote=True)(print).distributed()",
+        "s.Session(gpus=2, gpu_type='cpu', remote=True)",
+    ],
+    ids=["call", "session"],
+)
+def test_no_cluster_is_a_configuration_error_before_anything_starts(
+    tmp_path: Path, start: str
+) -> None:
     code = (
         "import serverless_gpu as s\n"
-        "fn = s.distributed(gpus=2, gpu_type='cpu', remote=True)(print)\n"
         "try:\n"
-        "    fn.distributed()\n"
+        f"    {start}\n"
         "except s.ConfigurationError as exc:\n"
         "    print(exc)\n"
     )
