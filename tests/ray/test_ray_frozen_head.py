@@ -1,6 +1,6 @@
-"""A remote call or session whose RAY_ADDRESS names a frozen head (its gcs_server stopped with SIGSTOP: the
-kernel still accepts connections, nothing answers) fails within 10 s, naming the address and
-what did not answer, and a caller SIGTERMed while it waits exits at once."""
+"""A remote call or session whose RAY_ADDRESS names a frozen head (its gcs_server stopped with
+SIGSTOP: the kernel still accepts connections, nothing answers) fails within 10 s, naming the
+address and what did not answer, and a caller SIGTERMed while it waits exits at once."""
 
 from __future__ import annotations
 
