@@ -235,8 +235,13 @@ class Session:
         run = self.core
         if not run.alive:
             return f"{self.name}: ended ({run.ended})"
-        kind = "CPU slots" if run.handle.context.placement.device == "cpu" else "GPUs"
-        devices = f"{kind} {', '.join(run.handle.devices) or '(queued)'}"
+        cpu = run.handle.context.placement.device == "cpu"
+        if run.link.remote:  # which node holds which ranks
+            each = "CPU ranks" if cpu else "1 GPU each"
+            devices = _on_nodes(run.nodes, each) if run.nodes else "Ray (ranks starting)"
+        else:
+            kind = "CPU slots" if cpu else "GPUs"
+            devices = f"{kind} {', '.join(run.handle.devices) or '(queued)'}"
         memory = [m for _, m in sorted(run.memory.items())]
         mem = (
             " / ".join(f"{m / 2**30:.1f}" for m in memory) + " GiB"
@@ -262,6 +267,15 @@ class Session:
 
     def __repr__(self) -> str:
         return f"<Session {self.status_line()}>"
+
+
+def _on_nodes(nodes: dict[int, str], each: str) -> str:
+    """``Ray node 0 (10.0.0.7): ranks 0, 1; node 1 (10.0.0.8): ranks 2, 3 (1 GPU each)``."""
+    by_node: dict[str, list[str]] = {}
+    for rank, node in sorted(nodes.items()):
+        by_node.setdefault(node, []).append(str(rank))
+    held = "; ".join(f"{node}: ranks {', '.join(ranks)}" for node, ranks in by_node.items())
+    return f"Ray {held} ({each})"
 
 
 def _fallback(names: dict[str, Any]) -> bytes:

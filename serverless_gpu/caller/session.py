@@ -78,6 +78,8 @@ class SessionRun:
         self.last_used = time.time()
         self.memory: dict[int, int] = {}
         self.pids: dict[int, int] = {}
+        self.nodes: dict[int, str] = {}
+        """Where each rank runs, for ranks on other machines (``node 1 (10.0.0.7)``)."""
         self.names: frozenset[str] = frozenset()
         """The names rank 0's namespace held after the last cell."""
         self.notes: list[Callable[[str], None]] = []
@@ -88,6 +90,8 @@ class SessionRun:
     def _on_event(self, event: Event) -> None:
         if isinstance(event, RankStarted):
             self.pids[event.rank] = event.pid
+            if event.node:
+                self.nodes[event.rank] = event.node
         if isinstance(event, RankMessage) and event.kind == CELL_DONE:
             done: CellDone = event.data
             cell = self._cells.get(done.number)

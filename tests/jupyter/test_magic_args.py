@@ -72,13 +72,11 @@ def test_backend_is_one_of_the_registered_ones() -> None:
         magic_args.parse(MAGIC, "--backend nope")
 
 
-@pytest.mark.parametrize(
-    ("line", "where"), [("--remote", "a Ray cluster"), ("--backend ray", "a Ray cluster")]
-)
-def test_a_session_runs_on_the_local_backend_only(line: str, where: str) -> None:
+@pytest.mark.parametrize("line", ["--remote", "--backend ray", "remote=True"])
+def test_a_session_on_the_cluster_is_asked_as_a_call_is(line: str) -> None:
     from jupyter_ext import session_magic
 
-    with pytest.raises(UsageError, match=f"sessions on {where} are not supported yet"):
-        session_magic.session_options(magic_args.parse(MAGIC, f"--session s {line}"))
+    options = session_magic.session_options(magic_args.parse(MAGIC, f"--session s {line}"))
+    assert options["remote"] or options["backend"] == "ray", options
     options = session_magic.session_options(magic_args.parse(MAGIC, "--session s --backend local"))
-    assert options["gpus"] is None
+    assert options["gpus"] is None and not options["remote"]
