@@ -3,6 +3,11 @@
 one run; and push / pull of a 1 GiB tensor per rank.
 
     .venv/bin/python benchmarks/sessions.py [--ranks 2] [--reps 300] [--quick] [--out FILE]
+        [--remote]
+
+``--remote``: the same figures for a session on a Ray cluster of this machine too (two nodes,
+one rank on each: ``ray.cluster_utils.Cluster`` on 127.0.0.1, ``pip install ray``), beside the
+local ones; its push / pull move 256 MiB per rank.
 
 ipyparallel and nbdistributed are not dependencies of the project: where they are not
 importable their rows say so (``pip install ipyparallel nbdistributed``, or put them on
@@ -19,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -35,10 +41,14 @@ def _median_ms(step: Callable[[], object], reps: int, warm: int = 20) -> float:
     return statistics.median(times) * 1000
 
 
-def session_round_trip(ranks: int, reps: int, tracking: bool, gpu_type: str | None) -> float:
+def session_round_trip(
+    ranks: int, reps: int, tracking: bool, gpu_type: str | None, remote: bool = False
+) -> float:
     from serverless_gpu import Session
 
-    with Session(gpus=ranks, gpu_type=gpu_type, tracking=tracking, output="none") as sess:
+    with Session(
+        gpus=ranks, gpu_type=gpu_type, tracking=tracking, output="none", remote=remote
+    ) as sess:
         sess.exec("")  # the ranks are up
         return _median_ms(lambda: sess.exec(""), reps)
 
@@ -91,7 +101,9 @@ def nbdistributed_round_trip(ranks: int, reps: int) -> float | str:
         manager.shutdown()
 
 
-def push_pull_rates(ranks: int, size: int, gpu_type: str | None) -> tuple[float, float]:
+def push_pull_rates(
+    ranks: int, size: int, gpu_type: str | None, remote: bool = False
+) -> tuple[float, float]:
     """GB/s of ``push`` (one tensor of ``size`` bytes to every rank) and of ``pull`` (one such
     tensor from every rank: ranks x size bytes)."""
     import torch
@@ -99,7 +111,9 @@ def push_pull_rates(ranks: int, size: int, gpu_type: str | None) -> tuple[float,
     from serverless_gpu import Session
 
     values = torch.ones(size // 4, dtype=torch.float32)
-    with Session(gpus=ranks, gpu_type=gpu_type, tracking=False, output="none") as sess:
+    with Session(
+        gpus=ranks, gpu_type=gpu_type, tracking=False, output="none", remote=remote
+    ) as sess:
         sess.exec("import torch")
         pushes, pulls = [], []
         for _ in range(3):
@@ -116,6 +130,42 @@ def push_pull_rates(ranks: int, size: int, gpu_type: str | None) -> tuple[float,
     return size / min(pushes) / 1e9, ranks * size / min(pulls) / 1e9
 
 
+def start_ray_cluster(ranks: int) -> object:
+    """Two Ray nodes of this machine on 127.0.0.1 (a head without CPUs), ranks split evenly:
+    this process is connected to it. Returns the cluster (``shutdown()`` ends it)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before ray is imported
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    for _ in range(2):
+        cluster.add_node(num_cpus=max(1, ranks // 2), object_store_memory=256 << 20)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    return cluster
+
+
+def remote_rows(ranks: int, reps: int, gpu_type: str | None) -> list[str]:
+    cluster: Any = start_ray_cluster(ranks)
+    try:
+        untracked = session_round_trip(ranks, reps, False, gpu_type, remote=True)
+        tracked = session_round_trip(ranks, reps, True, gpu_type, remote=True)
+        size = 256 << 20
+        push, pull = push_pull_rates(ranks, size, gpu_type, remote=True)
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.shutdown()
+    where = "remote session (Ray, 2 nodes of this machine)"
+    return [
+        f"| empty cell, {where}, untracked | {untracked:.2f} ms |",
+        f"| empty cell, {where}, tracked (MLflow) | {tracked:.2f} ms |",
+        f"| push, {size >> 20} MiB to every rank, {where} | {push:.2f} GB/s |",
+        f"| pull, {size >> 20} MiB from every rank, {where} | {pull:.2f} GB/s |",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
@@ -124,6 +174,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="CI size: few reps, 64 MiB")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--skip-baselines", action="store_true")
+    parser.add_argument("--remote", action="store_true", help="a session on Ray too")
     args = parser.parse_args()
     reps = 20 if args.quick else args.reps
     size = (64 if args.quick else 1024) << 20
@@ -163,6 +214,7 @@ def main() -> None:
         ),
         f"| push, {size >> 20} MiB to every rank | {push:.2f} GB/s |",
         f"| pull, {size >> 20} MiB from every rank | {pull:.2f} GB/s |",
+        *(remote_rows(args.ranks, reps, gpu_type) if args.remote else []),
     ]
     text = "\n".join(lines)
     print(text)

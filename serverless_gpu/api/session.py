@@ -40,6 +40,7 @@ from serverless_gpu.runfiles.serialization import (
     dumps_for_caller,
     max_payload_bytes,
 )
+from serverless_gpu.runfiles.streamed import streamed
 from serverless_gpu.wire.config import DistributedConfig
 from serverless_gpu.wire.session import EXEC, PULL, PUSH, RUN
 
@@ -181,8 +182,8 @@ class Session:
 
     def _push_bytes(self, values: dict[str, Any]) -> None:
         __tracebackhide__ = True
-        try:
-            data = dumps_for_caller(values)
+        try:  # tensors' bytes follow the request raw; anything else in one pickle
+            data: Any = streamed(values) or dumps_for_caller(values)
         except Exception as exc:
             where = describe_unpicklable(self.push, (), values).replace("argument ", "value ")
             raise SerializationError(

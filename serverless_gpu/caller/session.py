@@ -270,6 +270,8 @@ class SessionRun:
     def _value(self, answer: CellDone) -> Any:
         import pickle
 
+        if answer.streamed is not None:
+            return answer.streamed.value
         if answer.value is not None:
             return pickle.loads(answer.value)
         if answer.value_file:

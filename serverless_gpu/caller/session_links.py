@@ -24,12 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from serverless_gpu.common import settings
+from serverless_gpu.runfiles.streamed import receive
 from serverless_gpu.wire.session import (
     HELLO_BYTES,
     frame_bytes,
     read_frame,
     read_hello,
+    read_into,
     session_fifo,
+    streamed_in,
     write_frame,
 )
 
@@ -87,7 +90,7 @@ class TcpLink:
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
         self._conns: dict[int, socket.socket] = {}
-        self._waiting: dict[int, list[bytes]] = {r: [] for r in range(world)}
+        self._waiting: dict[int, list[Any]] = {r: [] for r in range(world)}
         self._deliver: Callable[[list[Any]], None] | None = None
         self._early: list[Any] = []
         self._closed = False
@@ -108,17 +111,28 @@ class TcpLink:
             deliver(early)
 
     def send(self, message: object) -> None:
-        data = frame_bytes(message)
+        parts = [frame_bytes(message), *(b for v in streamed_in(message) for b in v.buffers)]
         with self._lock:
+            conns = []
             for rank in range(self.world):
                 conn = self._conns.get(rank)
                 if conn is None:
-                    self._waiting[rank].append(data)
-                    continue
-                try:
-                    conn.sendall(data)
-                except OSError:  # the rank is gone; the run's end says why
-                    self._drop(rank)
+                    self._waiting[rank].extend(parts)
+                else:
+                    conns.append(conn)
+            if len(parts) == 1 or len(conns) < 2:
+                for conn in conns:
+                    _send_parts(conn, parts)
+                return
+            # tensors to several ranks: each connection sends at once, not one after another
+            senders = [
+                threading.Thread(target=_send_parts, args=(conn, parts), daemon=True)
+                for conn in conns
+            ]
+            for sender in senders:
+                sender.start()
+            for sender in senders:
+                sender.join()
 
     def close(self) -> None:
         with self._lock:
@@ -185,9 +199,12 @@ class TcpLink:
         reader.start()
 
     def _read(self, rank: int, conn: socket.socket) -> None:
+        fd = conn.fileno()
         while True:
             try:
-                batch = read_frame(conn.fileno())
+                batch = read_frame(fd)
+                for value in streamed_in(batch):  # a cell's value: its tensors follow
+                    value.value = receive(value, lambda view: read_into(fd, view))
             except (OSError, EOFError, pickle.UnpicklingError):
                 batch = None
             if not isinstance(batch, list):
@@ -203,3 +220,12 @@ class TcpLink:
         conn = self._conns.pop(rank, None)
         if conn is not None:
             conn.close()
+
+
+def _send_parts(conn: socket.socket, parts: list[Any]) -> None:
+    try:
+        for part in parts:
+            conn.sendall(part)
+    except OSError:  # the rank is gone; the run's end says why
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)

@@ -39,6 +39,7 @@ from serverless_gpu.runfiles.serialization import (
     load_payload,
     load_result,
 )
+from serverless_gpu.runfiles.streamed import receive, streamed
 from serverless_gpu.wire.runpaths import RunPaths
 from serverless_gpu.wire.session import (
     CELL_DONE,
@@ -51,10 +52,13 @@ from serverless_gpu.wire.session import (
     CellRequest,
     CloseSession,
     Interrupt,
+    Streamed,
     frame_bytes,
     hello_bytes,
     read_frame,
+    read_into,
     session_fifo,
+    streamed_in,
 )
 
 _INLINE_BYTES = 1 << 16
@@ -87,6 +91,8 @@ class _Rank:
         while True:
             try:
                 message = read_frame(fd)
+                for value in streamed_in(message):  # a push: its tensors follow
+                    value.value = receive(value, lambda view: read_into(fd, view))
             except (OSError, EOFError, pickle.UnpicklingError):
                 message = None
             if isinstance(message, Interrupt):
@@ -161,8 +167,8 @@ class _Rank:
         if kind == RUN:
             fn, args, kwargs = load_payload(io.BytesIO(data))
             return with_namespace(fn, ns)(*args, **kwargs)
-        if kind == PUSH:  # the values' file, or (a caller on another machine) their bytes
-            ns.update(pickle.loads(data) if isinstance(data, bytes) else load_result(Path(data)))
+        if kind == PUSH:  # the values' file, or (a caller on another machine) the values
+            ns.update(_pushed(data))
             return None
         if kind == PULL:
             if data not in ns:
@@ -175,18 +181,19 @@ class _Rank:
         inline, path = self.encode(request, value)
         return CellDone(
             request.number,
-            value=inline,
+            value=inline if isinstance(inline, bytes) else None,
+            streamed=inline if isinstance(inline, Streamed) else None,
             value_file=path,
             group=group_up(),
             names=names,
             peak_memory=_device_memory(),
         )
 
-    def encode(self, request: CellRequest, value: Any) -> tuple[bytes | None, str]:
+    def encode(self, request: CellRequest, value: Any) -> tuple[bytes | Streamed | None, str]:
         if value is None:
             return None, ""
         if not request.results_dir:  # the caller's files are out of reach: all in the answer
-            return _pickled(value, dumps_for_caller), ""
+            return streamed(value) or _pickled(value, dumps_for_caller), ""
         if not _holds_tensors(value):
             data = _pickled(value, cloudpickle.dumps)
             if len(data) < _INLINE_BYTES:
@@ -225,6 +232,14 @@ def with_namespace(fn: Any, ns: dict[str, Any]) -> Any:
     moved = types.FunctionType(fn.__code__, ns, fn.__name__, fn.__defaults__, fn.__closure__)
     moved.__kwdefaults__ = fn.__kwdefaults__
     return moved
+
+
+def _pushed(data: Any) -> dict[str, Any]:
+    if isinstance(data, Streamed):
+        return dict(data.value)
+    if isinstance(data, bytes):
+        return dict(pickle.loads(data))
+    return dict(load_result(Path(data)))
 
 
 def _pickled(value: Any, dumps: Any) -> bytes:
@@ -301,9 +316,10 @@ def _connect(address: str, rank: int) -> socket.socket:
     lock = threading.Lock()
 
     def send(batch: list[Any]) -> None:
-        data = frame_bytes(batch)
+        parts = [frame_bytes(batch), *(b for v in streamed_in(batch) for b in v.buffers)]
         with lock:
-            link.sendall(data)
+            for part in parts:
+                link.sendall(part)
 
     event_route.set_route(send)
     return link

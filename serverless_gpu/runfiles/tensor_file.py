@@ -123,7 +123,7 @@ def dump(
     with open(path, "r+b") as f:
         for offset, storage in pickler.storages:
             f.seek(data_start + offset)
-            f.write(_host_buffer(storage, torch))
+            f.write(host_buffer(storage, torch))
 
 
 def _store(
@@ -168,7 +168,7 @@ def _as_bytes(storage: Any, torch: Any) -> Any:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
-def _host_buffer(storage: Any, torch: Any) -> memoryview:
+def host_buffer(storage: Any, torch: Any) -> memoryview:
     host = _as_bytes(storage, torch).cpu()
     buffer = (ctypes.c_char * host.numel()).from_address(host.data_ptr())
     buffer._keep = host  # the tensor owns the memory

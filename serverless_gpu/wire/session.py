@@ -57,6 +57,37 @@ class CellRequest:
     generation; empty: a file store in the session's folder (every rank on this machine)."""
 
 
+class Streamed:
+    """A value whose tensors' bytes follow its frame on a stream, raw (a remote session's push
+    and a large cell value: ``runfiles/streamed.py`` makes and reads them). Only ``meta`` and
+    ``parts`` are pickled; ``buffers`` (the sender's) and ``value`` (the receiver's) stay."""
+
+    def __init__(self, meta: bytes, parts: tuple[tuple[int, int], ...]) -> None:
+        self.meta = meta
+        """The value pickled without its storages (``tensor_file.split``)."""
+        self.parts = parts
+        """(the offset its persistent ids name, bytes) of each storage, in stream order."""
+        self.buffers: list[Any] = []
+        self.value: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"meta": self.meta, "parts": self.parts}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["meta"], state["parts"])  # type: ignore[misc]
+
+
+def streamed_in(message: object) -> list[Streamed]:
+    """The :class:`Streamed` values of a frame (a push, or cell answers in a list of events),
+    in the order their bytes follow it."""
+    if isinstance(message, CellRequest):
+        return [message.data] if isinstance(message.data, Streamed) else []
+    if isinstance(message, list):
+        answers = (getattr(event, "data", None) for event in message)
+        return [a.streamed for a in answers if isinstance(a, CellDone) and a.streamed]
+    return []
+
+
 @dataclass(frozen=True)
 class Interrupt:
     number: int
@@ -82,6 +113,8 @@ class CellDone(CellEnd):
     """The namespace's names after the cell (rank 0 only)."""
     peak_memory: int = 0
     """Bytes of device memory allocated now in this rank (CUDA), 0 in CPU mode."""
+    streamed: Streamed | None = None
+    """The value, with its tensors' bytes after the frame (a remote session's answer)."""
 
 
 _HELLO = struct.Struct("<I32s")
@@ -125,6 +158,16 @@ def read_frame(fd: int) -> object | None:
         return None
     body = _read_exact(fd, _HEADER.unpack(header)[0])
     return None if body is None else pickle.loads(body)
+
+
+def read_into(fd: int, view: memoryview) -> None:
+    """Fill ``view`` from ``fd``; ``EOFError`` if the stream ends first."""
+    done = 0
+    while done < len(view):
+        got = os.readv(fd, [view[done:]])
+        if not got:
+            raise EOFError("the stream ended inside a value")
+        done += got
 
 
 def _read_exact(fd: int, size: int) -> bytes | None:
