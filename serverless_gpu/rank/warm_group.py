@@ -85,6 +85,11 @@ def form(plan: GroupPlan) -> bool:
     import torch
     import torch.distributed as dist
 
+    # A Ray actor forms one group per call: the last one's hand-over ends here, also where
+    # its call never took that group (else this init would meet the old hand-over).
+    global _plan
+    _plan = None
+    _uninstall()
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(plan.env)
@@ -115,7 +120,6 @@ def form(plan: GroupPlan) -> bool:
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    global _plan
     _plan = plan
     _install()
     return True
@@ -152,18 +156,13 @@ def settle(adopt: bool, defer: bool) -> None:
 
 def finish() -> None:
     """After the result is reported: shut down what the call destroyed, then whatever group is
-    still registered (a call need not destroy its group). The hand-over ends with it: a group
-    the call never took is gone too, and a Ray actor's next ``form`` must meet torch's own
-    functions, not a hand-over of a group that no longer exists."""
-    global _plan
+    still registered (a call need not destroy its group)."""
     import torch.distributed as dist
 
     flush_deferred()
     with contextlib.suppress(Exception):
         if dist.is_initialized():
             _real.get("destroy_process_group", dist.destroy_process_group)()
-    _plan = None
-    _uninstall()
 
 
 def pre_formed() -> bool:
