@@ -145,9 +145,36 @@ def start_ray_cluster(ranks: int) -> object:
     return cluster
 
 
+def _noop() -> None:
+    return None
+
+
+def first_cell_on_standby(ranks: int, gpu_type: str | None) -> tuple[float, float]:
+    """Seconds of a warm remote call (its actors waiting), and of a remote session's start and
+    first cell on the standby actors such a call leaves, each the best of 3."""
+    from serverless_gpu import Session, distributed
+
+    call = distributed(gpus=ranks, gpu_type=gpu_type, tracking=False, remote=True, output="none")
+    fn = call(_noop)
+    fn.distributed()  # the actors start, then wait for the next call of their shape
+    calls, cells = [], []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn.distributed()
+        calls.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        with Session(
+            gpus=ranks, gpu_type=gpu_type, tracking=False, output="none", remote=True
+        ) as sess:
+            sess.exec("")
+            cells.append(time.perf_counter() - start)
+    return min(calls), min(cells)
+
+
 def remote_rows(ranks: int, reps: int, gpu_type: str | None) -> list[str]:
     cluster: Any = start_ray_cluster(ranks)
     try:
+        warm_call, first_cell = first_cell_on_standby(ranks, gpu_type)
         untracked = session_round_trip(ranks, reps, False, gpu_type, remote=True)
         tracked = session_round_trip(ranks, reps, True, gpu_type, remote=True)
         size = 256 << 20
@@ -159,6 +186,8 @@ def remote_rows(ranks: int, reps: int, gpu_type: str | None) -> list[str]:
         cluster.shutdown()
     where = "remote session (Ray, 2 nodes of this machine)"
     return [
+        f"| warm remote call (standby actors) -> result | {warm_call * 1000:.0f} ms |",
+        f"| {where}: start + first cell, on a call's standby actors | {first_cell * 1000:.0f} ms |",
         f"| empty cell, {where}, untracked | {untracked:.2f} ms |",
         f"| empty cell, {where}, tracked (MLflow) | {tracked:.2f} ms |",
         f"| push, {size >> 20} MiB to every rank, {where} | {push:.2f} GB/s |",

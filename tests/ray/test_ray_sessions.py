@@ -175,3 +175,17 @@ def test_a_killed_caller_leaves_no_session_actor(cluster: Any, tmp_path: Path) -
     killed = time.monotonic()
     assert leftovers(timeout=5) == ([], []), "Ray removed the dead caller's session actors"
     assert time.monotonic() - killed <= 5.5
+
+
+def test_a_session_takes_the_standby_actors_of_a_call_and_gives_them_back(
+    cluster: Any, untracked: None
+) -> None:
+    call = distributed(gpus=2, gpu_type="cpu", remote=True, output="none")(
+        ray_fns.group_formed_ahead
+    )
+    before = [pid for pid, _ in call.distributed()]
+    with Session(gpus=2, gpu_type="cpu", remote=True, name="warm", output="none") as sess:
+        assert list(sess.exec("import os\nos.getpid()")) == before, "the call's actors"
+    after = call.distributed()
+    assert [pid for pid, _ in after] == before, "given back to the next call"
+    assert [formed for _, formed in after] == [True, True], "with the next call's group"
