@@ -80,9 +80,10 @@ def test_the_builtins_are_known_without_installed_metadata() -> None:
 def test_the_builtins_say_what_they_support() -> None:
     local, ray = registry.plugin("local"), registry.plugin("ray")
     assert (local.sessions, local.stacks, local.standby) == (True, True, True)
-    # Ray: no sessions (FIFOs on this machine), stacks through the rank doctor, actors start
-    # with the call (nothing prepared at decoration).
-    assert (ray.sessions, ray.stacks, ray.standby) == (False, True, False)
+    # Ray: sessions over TCP (its actors reach the caller at its cluster address), stacks
+    # through the rank doctor, actors start with the call (nothing prepared at decoration).
+    assert (ray.sessions, ray.stacks, ray.standby) == (True, True, False)
+    assert local.session_host is None and ray.session_host is not None
     assert isinstance(local.backend(DistributedConfig()), LocalBackend)
 
 
@@ -164,7 +165,7 @@ def test_a_plugin_cannot_take_a_builtin_name(
     with pytest.warns(RuntimeWarning, match="takes the name of a built-in backend"):
         names = registry.names()
     assert names.count("ray") == 1
-    assert registry.plugin("ray").stacks and not registry.plugin("ray").sessions
+    assert registry.plugin("ray").session_host is not None, "the built-in, not the shadow"
 
 
 def test_a_plugin_must_be_a_backend_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
