@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The sessions' GPU checks on one machine with GPUs, Ray installed from carried wheels:
+#
+#   bash scripts/sessions_device_run.sh WHEELS OUTDIR
+#
+# WHEELS: a folder of wheels for this machine's python3 (ray and what it needs that is not
+# installed, setproctitle, psutil, nvidia-ml-py, cloudpickle). Each step has its own time
+# limit and writes OUTDIR/<step>.txt; OUTDIR/rc.txt holds every step's exit code.
+#   remote  scripts/sessions_gpu_check.py --remote  (a session of Ray actors, ray.init here)
+#   local   scripts/sessions_gpu_check.py           (the same on this machine's launcher)
+#   nccl    scripts/session_nccl_check.py           (the fault matrix with NCCL)
+#   rmatrix the fault matrix on a `ray start` cluster of this machine, NCCL, one rank per GPU
+set -u
+wheels=${1:?a folder of wheels}
+out=${2:?an output folder}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --find-links "$wheels" ray==2.60.0 setproctitle psutil \
+    nvidia-ml-py cloudpickle > "$out/install.txt" 2>&1
+echo "install rc=$?" | tee -a "$out/rc.txt"
+{ nvidia-smi -L; nproc; python3 -c 'import torch, ray; print(torch.__version__, ray.__version__)'; } \
+    > "$out/machine.txt" 2>&1
+
+step() {
+    local name=$1 limit=$2
+    shift 2
+    timeout "$limit" "$@" > "$out/$name.txt" 2>&1
+    echo "$name rc=$?" | tee -a "$out/rc.txt"
+}
+
+step remote 150 python3 scripts/sessions_gpu_check.py --remote
+step local 120 python3 scripts/sessions_gpu_check.py
+step nccl 110 python3 scripts/session_nccl_check.py
+
+port=6391
+setsid ray start --head --port "$port" --num-cpus 8 --include-dashboard false --block \
+    > "$out/ray-head.txt" 2>&1 &
+head=$!
+export RAY_ADDRESS=127.0.0.1:$port SESSION_MATRIX_REMOTE=1
+export SESSION_MATRIX_WORLD=$(nvidia-smi -L | wc -l)
+timeout 60 bash -c 'until ray status > /dev/null 2>&1; do sleep 1; done'
+for run in "first user,no-warm" "after-call pre-formed"; do
+    read -r situation origins <<< "$run"
+    step "rmatrix-$situation" 100 python3 tests/sessions/session_matrix.py "$situation" \
+        "$origins" --device cuda
+done
+kill -- -"$head" 2> /dev/null
