@@ -45,4 +45,6 @@ for run in "first user,no-warm" "after-call pre-formed"; do
     step "rmatrix-$situation" 100 python3 tests/sessions/session_matrix.py "$situation" \
         "$origins" --device cuda
 done
-kill -- -"$head" 2> /dev/null
+kill -- -"$head" 2> /dev/null  # the head's process group: its gcs_server, raylet, workers
+timeout 20 bash -c "while kill -0 -- -$head 2> /dev/null; do sleep 0.5; done" \
+    || kill -9 -- -"$head" 2> /dev/null
