@@ -5,7 +5,8 @@
 #
 # WHEELS: a folder of wheels for this machine's python3 (ray and what it needs that is not
 # installed, setproctitle, psutil, nvidia-ml-py, cloudpickle). Each step has its own time
-# limit and writes OUTDIR/<step>.txt; OUTDIR/rc.txt holds every step's exit code.
+# limit and writes OUTDIR/<step>.txt; OUTDIR/rc.txt holds every step's exit code and
+# OUTDIR/machine.txt the install's output and the machine.
 #   remote  scripts/sessions_gpu_check.py --remote  (a session of Ray actors, ray.init here)
 #   local   scripts/sessions_gpu_check.py           (the same on this machine's launcher)
 #   nccl    scripts/session_nccl_check.py           (the fault matrix with NCCL)
@@ -17,10 +18,10 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --find-links "$wheels" ray==2.60.0 setproctitle psutil \
-    nvidia-ml-py cloudpickle > "$out/install.txt" 2>&1
+    nvidia-ml-py cloudpickle > "$out/machine.txt" 2>&1
 echo "install rc=$?" | tee -a "$out/rc.txt"
 { nvidia-smi -L; nproc; python3 -c 'import torch, ray; print(torch.__version__, ray.__version__)'; } \
-    > "$out/machine.txt" 2>&1
+    >> "$out/machine.txt" 2>&1
 
 step() {
     local name=$1 limit=$2
@@ -35,7 +36,7 @@ step nccl 110 python3 scripts/session_nccl_check.py
 
 port=6391
 setsid ray start --head --port "$port" --num-cpus 8 --include-dashboard false --block \
-    > "$out/ray-head.txt" 2>&1 &
+    > /tmp/ray-head.txt 2>&1 &
 head=$!
 export RAY_ADDRESS=127.0.0.1:$port SESSION_MATRIX_REMOTE=1
 export SESSION_MATRIX_WORLD=$(nvidia-smi -L | wc -l)
