@@ -35,14 +35,14 @@ class GroupEvent(Enum):
     FAILED_WITHOUT_GROUP = "a cell failed with no default group"
     REFORM = "the caller asks for the next generation"
     REFORMED = "the next generation is formed"
-    REFORM_FAILED = "the next generation could not be formed"
+    REFORM_FAILED = "the next generation could not be formed (in any rank: all take it)"
 
 
 class GroupAction(Enum):
     NOTHING = "nothing"
     RELEASE = "drop the pre-formed group's hand-over: torch's own functions from now on"
     ABORT = "shut the group now: peers blocked in a collective raise"
-    FORM = "form the next generation on a file store"
+    FORM = "form the next generation on a file store, ended by a barrier of every rank"
 
 
 S, E, A = GroupState, GroupEvent, GroupAction

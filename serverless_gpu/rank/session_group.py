@@ -11,7 +11,9 @@ What each action does with torch:
 * ``FORM``: the next generation on a ``FileStore`` in the session folder (no port, no
   listener), or, for ranks on several machines, on the store the caller keeps for it (a
   ``TCPStore`` listening on the caller's cluster address); the same backend and device as
-  before.
+  before. It ends with a barrier on that store (:func:`all_formed`): no rank runs the cell
+  before every rank has formed the group, and if one could not, every rank's re-form fails
+  (``REFORM_FAILED``), never only that one's.
 
 After a re-form, torch objects the cells kept (DDP, FSDP, a ``ProcessGroup``) still hold the old
 group: rank 0 names them in one line, and they are left as they are.
@@ -82,8 +84,34 @@ class GroupOwner:
             torch.cuda.set_device(runtime.get_local_rank())
             kwargs["device_id"] = runtime.device()
         backend = "gloo" if runtime.is_cpu_mode() else "nccl"
-        dist.init_process_group(
-            backend, store=store, rank=self.rank, world_size=self.world, **kwargs
+        try:
+            dist.init_process_group(
+                backend, store=store, rank=self.rank, world_size=self.world, **kwargs
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):  # the peers at the barrier fail at once
+                store.set(f"{_FORMED}{self.rank}", "failed")
+            raise
+        all_formed(store, self.rank, self.world)
+
+
+_FORMED = "serverless-gpu/formed/"
+"""The re-form's barrier keys in its store, one per rank: ``ok`` or ``failed``."""
+
+
+def all_formed(store: Any, rank: int, world: int) -> None:
+    """The end of a re-form, in every rank together: return once every rank has formed the
+    group, raise when one could not. ``init_process_group`` is no barrier: gloo's
+    ``connectFullMesh`` returns in one rank while a peer still completes its handshake, and a
+    cell that destroys the group at once (the user's ``destroy`` + ``init``) would close the
+    connection under that peer, whose re-form then fails while this rank's succeeded."""
+    store.set(f"{_FORMED}{rank}", "ok")
+    keys = [f"{_FORMED}{r}" for r in range(world)]
+    store.wait(keys)  # bounded by the store's timeout
+    failed = [str(r) for r, key in enumerate(keys) if store.get(key) != b"ok"]
+    if failed:
+        raise RuntimeError(
+            f"process group: rank {', '.join(failed)} could not form the next generation"
         )
 
 
