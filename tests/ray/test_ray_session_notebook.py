@@ -13,23 +13,12 @@ import nbformat
 import pytest
 from conftest import leftovers
 from nbclient import NotebookClient
+from test_ray_notebook import _outputs
 
 pytestmark = pytest.mark.timeout(420)
 
 REPO = Path(__file__).resolve().parents[2]
 FIRST = "%%distributed --session gpt gpus=2"
-
-
-def _text(cell: Any) -> str:
-    parts = []
-    for output in cell.outputs:
-        if output.output_type == "stream":
-            parts.append(output.text)
-        elif output.output_type == "error":
-            parts.append("\n".join(output.traceback))
-        else:
-            parts.append(output.get("data", {}).get("text/plain", ""))
-    return "\n".join(parts)
 
 
 def test_the_sessions_notebook_runs_on_the_cluster(
@@ -53,7 +42,9 @@ def test_the_sessions_notebook_runs_on_the_cluster(
     client.execute()  # raises on any cell's error
 
     code = [c for c in nb.cells if c.cell_type == "code"]
-    listed = next(_text(c) for c in code if c.source.startswith("%distributed_session list"))
+    listed = next(
+        _outputs(c, "text/plain") for c in code if c.source.startswith("%distributed_session list")
+    )
     assert "gpt: 2 ranks alive on Ray node" in listed and "(CPU ranks)" in listed, listed
     runs = mlflow.MlflowClient(store).search_runs(
         [e.experiment_id for e in mlflow.MlflowClient(store).search_experiments()]
