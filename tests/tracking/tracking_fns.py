@@ -65,6 +65,13 @@ def log_points_and_a_file(steps: int, directory: str) -> float:
     return per_call_ms
 
 
+def log_points_then_fail(steps: int) -> None:
+    """``log_points``, then rank 1 raises (rank 0 returns)."""
+    log_points(steps)
+    if _rank() == 1:
+        raise ValueError("rank 1 gave up after logging")
+
+
 def fail_on_rank_1(how: str) -> None:
     if how == "raise":  # the other cases skip MLflow's ~3 s import, to keep the tests short
         import mlflow
