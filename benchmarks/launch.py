@@ -7,6 +7,10 @@ same user function (``_jobs.user_fn``); the caller records ``time.time()`` just 
 * call -> every rank in user code = max(rank entry times) - call time
 * call -> results back = when the call returned in the caller (all ranks finished) - call time
 
+Our first and warm calls are measured untracked and tracked (MLflow, into a SQLite store made
+once in a temporary folder, as a notebook's ``mlflow.db`` is there before its first call), the
+ratio tracked / untracked in the targets table.
+
 Two jobs: ``noop`` (return at once) and ``allreduce`` (init_process_group with NCCL, or gloo on
 CPU, one all-reduce, destroy_process_group).
 
@@ -117,25 +121,25 @@ class Bench:
             raise RuntimeError(f"torchrun exited {code}; see {self.tmp / 'torchrun.log'}")
         return sample(t_call, t_back, C.read_entries(out, self.s.world_size))
 
-    def child(self, mode: str, job: str, reps: int) -> list[Sample]:
+    def child(self, mode: str, job: str, reps: int, tracked: bool = False) -> list[Sample]:
         """A fresh Python process that times its own calls (first call, Accelerate)."""
         out = self.fresh_dir()
         cmd = [C.python(), str(Path(__file__).resolve()), "--child", mode, f"--job={job}"]
         cmd += [f"--device={self.s.device}", f"--world={self.s.world_size}", f"--dir={out}"]
-        cmd += [f"--reps={reps}"]
+        cmd += [f"--reps={reps}"] + (["--tracked"] if tracked else [])
         result = C.run_child_json(cmd, SUBPROCESS_TIMEOUT_S, self.tmp / f"{mode}.log")
         return [(a, b) for a, b in result["samples"]]
 
     # -- ours, warm: standby ranks prepared in this (caller) process's launcher ----------------
 
-    def warm_samples(self, job: str) -> list[Sample]:
+    def warm_samples(self, job: str, tracked: bool = False) -> list[Sample]:
         from serverless_gpu import distributed
 
         fn = distributed(
             gpus=self.s.world_size,
             gpu_type="cpu" if self.s.cpu else None,
             output="none",
-            tracking=False,
+            tracking=tracked,
         )(_jobs.user_fn)
         settle = C.SETTLE_S[self.s.device]
         fn.distributed(job, self.s.device, None)  # throwaway: launcher and standby are up
@@ -172,6 +176,8 @@ def measure_all(s: C.Settings, tmp: Path) -> list[Row]:
             notes="fresh process; launcher started at decoration, call right after it",
         ),
         Row("ours, warm (standby ready)", notes="same caller, after a throwaway call"),
+        Row("ours, first call, tracked", notes="as 'ours, first call', with MLflow tracking"),
+        Row("ours, warm, tracked", notes="as 'ours, warm', with MLflow tracking"),
     ]
     bench.repeat(bench.each(lambda job: bench.mp_once(job, "spawn")), rows[0])
     bench.repeat(bench.each(lambda job: bench.mp_once(job, "fork")), rows[1])
@@ -180,13 +186,23 @@ def measure_all(s: C.Settings, tmp: Path) -> list[Row]:
         rows[3].skipped = "skipped: accelerate not installed"
     else:  # one process for all reps: a notebook calling notebook_launcher again and again
         bench.repeat(lambda job: bench.child("accelerate", job, s.reps), rows[3])
-    bench.repeat(bench.each(lambda job: bench.child("first", job, 1)[0]), rows[4])
-    try:
-        C.quiet_console()
-        for job in bench.jobs:
-            rows[5].samples[job] = bench.warm_samples(job)
-    except Exception as exc:
-        rows[5].skipped = f"failed: {type(exc).__name__}: {str(exc)[:120]}"
+    # Untracked and tracked first calls alternate: a load that changes meanwhile hits both.
+    for job in bench.jobs:
+        for _ in range(s.reps):
+            for row, tracked in ((rows[4], False), (rows[6], True)):
+                try:
+                    sample_ = bench.child("first", job, 1, tracked)[0]
+                except Exception as exc:
+                    row.skipped = f"failed: {type(exc).__name__}: {str(exc)[:120]}"
+                    continue
+                row.samples.setdefault(job, []).append(sample_)
+    C.quiet_console()
+    for row, tracked in ((rows[5], False), (rows[7], True)):
+        try:
+            for job in bench.jobs:
+                row.samples[job] = bench.warm_samples(job, tracked)
+        except Exception as exc:
+            row.skipped = f"failed: {type(exc).__name__}: {str(exc)[:120]}"
     return rows
 
 
@@ -234,6 +250,20 @@ def targets_table(rows: list[Row], jobs: tuple[str, ...]) -> str:
         ratio = med(first, job, 1) / med(spawn, job, 1)
         body.append([f"first call -> results, {job} job", "<= 0.8x spawn", C.fmt_ratio(ratio)])
         verdicts.append(check(ratio, 0.8))
+    for job in jobs:
+        for plain, tracked, what, limit in (
+            (first, rows[6], "first", 1.2),
+            (warm, rows[7], "warm", 1.5),
+        ):
+            ratio = med(tracked, job, 1) / med(plain, job, 1)
+            body.append(
+                [
+                    f"tracked {what} call -> results, {job} job",
+                    f"<= {limit}x untracked",
+                    C.fmt_ratio(ratio),
+                ]
+            )
+            verdicts.append(check(ratio, limit))
     return C.markdown_table(
         ["target", "limit", "measured (median)", "verdict"],
         [[*b, C.verdict(v)] for b, v in zip(body, verdicts, strict=True)],
@@ -251,9 +281,10 @@ def child_main(argv: list[str]) -> None:
     parser.add_argument("--world", type=int, required=True)
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--tracked", action="store_true")
     a = parser.parse_args(argv)
     if a.mode == "first":
-        C.print_result({"samples": [first_call(a.job, a.device, a.world)]})
+        C.print_result({"samples": [first_call(a.job, a.device, a.world, a.tracked)]})
         return
     samples = []
     for rep in range(a.reps):
@@ -264,14 +295,13 @@ def child_main(argv: list[str]) -> None:
     C.print_result({"samples": samples})
 
 
-def first_call(job: str, device: str, world: int) -> Sample:
+def first_call(job: str, device: str, world: int, tracked: bool) -> Sample:
     import serverless_gpu
     from serverless_gpu import distributed
 
     C.quiet_console()
-    fn = distributed(gpus=world, gpu_type="cpu" if device == "cpu" else None, tracking=False)(
-        _jobs.user_fn
-    )
+    gpu_type = "cpu" if device == "cpu" else None
+    fn = distributed(gpus=world, gpu_type=gpu_type, tracking=tracked)(_jobs.user_fn)
     t_call = time.time()
     entries = fn.distributed(job, device, None)
     t_back = time.time()
@@ -287,6 +317,15 @@ def accelerate_call(job: str, device: str, world: int, out_dir: Path) -> Sample:
     notebook_launcher(_jobs.user_fn, args, num_processes=world, use_port=port)
     t_back = time.time()
     return sample(t_call, t_back, C.read_entries(out_dir, world))
+
+
+def make_store(tmp: Path) -> None:
+    """The tracked calls' MLflow store, its tables made by a process of its own (this one
+    forks baselines and stays free of MLflow until its tracked calls)."""
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    code = "import mlflow; mlflow.MlflowClient().search_experiments()"
+    C.run_subprocess([C.python(), "-c", code], SUBPROCESS_TIMEOUT_S, tmp / "store.log")
 
 
 def main() -> None:
@@ -310,6 +349,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="sgpu-bench-launch-"))
     # Private run directories: other callers of this user prune the shared default one.
     os.environ.setdefault("SERVERLESS_GPU_RUNS_DIR", str(tmp / "runs"))
+    make_store(tmp)
     try:
         rows = measure_all(s, tmp)
     finally:

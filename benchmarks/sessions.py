@@ -1,6 +1,7 @@
 """Persistent sessions: an empty cell's round trip (untracked and tracked) beside ipyparallel's
 ``%px`` on engines of the same machine and nbdistributed's workers, measured side by side in
-one run; and push / pull of a 1 GiB tensor per rank.
+one run; a fresh process's first cell (the session's start and an empty cell), untracked and
+tracked; and push / pull of a 1 GiB tensor per rank.
 
     .venv/bin/python benchmarks/sessions.py [--ranks 2] [--reps 300] [--quick] [--out FILE]
         [--remote]
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +53,38 @@ def session_round_trip(
     ) as sess:
         sess.exec("")  # the ranks are up
         return _median_ms(lambda: sess.exec(""), reps)
+
+
+def first_cell_s(ranks: int, tracking: bool, gpu_type: str | None) -> float:
+    """In a fresh process (serverless_gpu imported): the session's start and its first empty
+    cell, as the first ``%%distributed --session`` cell of a notebook."""
+    code = (
+        "import sys, time\n"
+        "from serverless_gpu import Session\n"
+        "start = time.perf_counter()\n"
+        f"sess = Session(gpus={ranks}, gpu_type={gpu_type!r}, tracking={tracking}, "
+        "output='none')\n"
+        "sess.exec('')\n"
+        "print('FIRST_CELL', time.perf_counter() - start, flush=True)\n"
+        "sess.close()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("FIRST_CELL "):
+            return float(line.split()[1])
+    raise RuntimeError(f"the first-cell process failed: {done.stderr[-2000:]}")
+
+
+def first_cells(ranks: int, reps: int, gpu_type: str | None) -> tuple[float, float]:
+    """Median first cell (s), untracked and tracked, alternating so that load hits both."""
+    plain, tracked = [], []
+    for _ in range(reps):
+        plain.append(first_cell_s(ranks, False, gpu_type))
+        tracked.append(first_cell_s(ranks, True, gpu_type))
+    return statistics.median(plain), statistics.median(tracked)
 
 
 def ipyparallel_round_trip(ranks: int, reps: int) -> float | str:
@@ -204,6 +238,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--skip-baselines", action="store_true")
     parser.add_argument("--remote", action="store_true", help="a session on Ray too")
+    parser.add_argument("--first-cell-reps", type=int, default=5)
     args = parser.parse_args()
     reps = 20 if args.quick else args.reps
     size = (64 if args.quick else 1024) << 20
@@ -211,14 +246,20 @@ def main() -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     store = tempfile.mkdtemp(prefix="sessions-bench-")
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
+    plain_ms = session_round_trip(args.ranks, reps, False, gpu_type)
+    tracked_ms = session_round_trip(args.ranks, reps, True, gpu_type)
+    first_plain, first_tracked = first_cells(
+        args.ranks, 1 if args.quick else args.first_cell_reps, gpu_type
+    )
     rows: list[tuple[str, float | str]] = [
+        ("empty cell, Session.exec, untracked", plain_ms),
+        ("empty cell, Session.exec, tracked (MLflow)", tracked_ms),
+        ("empty cell, tracked / untracked", f"{tracked_ms / plain_ms:.2f}x"),
+        ("first cell of a fresh process (start + empty cell), untracked", first_plain * 1000),
+        ("first cell of a fresh process, tracked (MLflow)", first_tracked * 1000),
         (
-            "empty cell, Session.exec, untracked",
-            session_round_trip(args.ranks, reps, False, gpu_type),
-        ),
-        (
-            "empty cell, Session.exec, tracked (MLflow)",
-            session_round_trip(args.ranks, reps, True, gpu_type),
+            "first cell, tracked / untracked (target <= 1.2x)",
+            f"{first_tracked / first_plain:.2f}x",
         ),
     ]
     if not args.skip_baselines:
