@@ -10,6 +10,9 @@ nodes holding half the ranks each, on 127.0.0.1. Its processes do not import
 ``rfc3987_syntax`` (``tests/ray/no_rfc3987``), as on a cluster image without jupyterlab: where it
 is installed, every Ray process (each rank's actor too) spends about 3 s of CPU importing it.
 
+Our calls are measured untracked and tracked (MLflow, a SQLite store in a temporary folder),
+the ratio tracked / untracked beside them.
+
     PYTHONPATH=. python benchmarks/launch.py --backend ray --cpu [--gpus N] [--reps K] [--out F]
 """
 
@@ -56,8 +59,6 @@ class _LocalCluster(AbstractContextManager["_LocalCluster"]):
 def measure(s: C.Settings) -> dict[str, list[tuple[float, float]]]:
     import ray
 
-    from serverless_gpu import distributed
-
     cluster: AbstractContextManager[Any] = nullcontext()
     if not os.environ.get("RAY_ADDRESS"):
         cluster = _LocalCluster(s.world_size, s.device)
@@ -67,20 +68,13 @@ def measure(s: C.Settings) -> dict[str, list[tuple[float, float]]]:
             address = getattr(cluster, "cluster", None)
             ray.init(address=address.address if address else None, log_to_driver=False)
         C.quiet_console()
-        gpu_type = "cpu" if s.cpu else None
-        fn = distributed(
-            gpus=s.world_size, gpu_type=gpu_type, remote=True, output="none", tracking=False
-        )(_jobs.user_fn)
-        samples["first call"] = [_one_call(fn, "allreduce", s.device)]
-        time.sleep(C.SETTLE_S[s.device])
-        for job in JOBS if not s.quick else JOBS[1:]:
-            samples[f"warm call, {job}"] = []
-            for _ in range(s.reps):
-                samples[f"warm call, {job}"].append(_one_call(fn, job, s.device))
-                time.sleep(C.SETTLE_S[s.device])
         from serverless_gpu.backends.ray import stop_ray_calls
 
-        stop_ray_calls()  # the standby actors make way for Ray Train's workers
+        for tracked in (False, True):
+            suffix = ", tracked" if tracked else ""
+            for name, values in _our_calls(s, tracked).items():
+                samples[name + suffix] = values
+            stop_ray_calls()  # fresh actors for the next first call; Ray Train's workers last
         samples["TorchTrainer.fit"] = [
             _one_fit(s.world_size, s.device) for _ in range(1 if s.quick else TRAINER_REPS)
         ]
@@ -89,6 +83,23 @@ def measure(s: C.Settings) -> dict[str, list[tuple[float, float]]]:
 
 
 TRAINER_REPS = 2
+
+
+def _our_calls(s: C.Settings, tracked: bool) -> dict[str, list[tuple[float, float]]]:
+    from serverless_gpu import distributed
+
+    gpu_type = "cpu" if s.cpu else None
+    fn = distributed(
+        gpus=s.world_size, gpu_type=gpu_type, remote=True, output="none", tracking=tracked
+    )(_jobs.user_fn)
+    samples = {"first call": [_one_call(fn, "allreduce", s.device)]}
+    time.sleep(C.SETTLE_S[s.device])
+    for job in JOBS if not s.quick else JOBS[1:]:
+        samples[f"warm call, {job}"] = []
+        for _ in range(s.reps):
+            samples[f"warm call, {job}"].append(_one_call(fn, job, s.device))
+            time.sleep(C.SETTLE_S[s.device])
+    return samples
 
 
 def _one_call(fn: Any, job: str, device: str) -> tuple[float, float]:
@@ -125,6 +136,9 @@ def _one_fit(world_size: int, device: str) -> tuple[float, float]:
 
 def main(argv: Sequence[str]) -> None:
     s = C.parse_settings(__doc__.splitlines()[0], argv)
+    store = tempfile.mkdtemp(prefix="sgpu-bench-ray-mlflow-")
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     samples = measure(s)
     where = os.environ.get("RAY_ADDRESS") or "2 Ray nodes on this machine (127.0.0.1)"
     rows = [
@@ -153,5 +167,23 @@ def main(argv: Sequence[str]) -> None:
     C.emit_report(
         s,
         "Launch benchmark, remote=True (Ray) beside Ray Train",
-        [("Launch latency", intro + "\n\n" + table + "\n\n" + ratios)],
+        [
+            ("Launch latency", intro + "\n\n" + table + "\n\n" + ratios),
+            ("Tracked against untracked", _tracking_table(samples)),
+        ],
+    )
+
+
+def _tracking_table(samples: dict[str, list[tuple[float, float]]]) -> str:
+    """Call -> results back, tracked / untracked (medians), for each of our rows."""
+    rows = []
+    for name, plain in samples.items():
+        tracked = samples.get(name + ", tracked")
+        if tracked is None:
+            continue
+        ratio = C.median([b for _, b in tracked]) / C.median([b for _, b in plain])
+        limit = 1.2 if name == "first call" else 1.5
+        rows.append([name, C.fmt_ratio(ratio), f"<= {limit}x", C.verdict(ratio <= limit)])
+    return C.markdown_table(
+        ["call -> results back", "tracked / untracked", "target", "verdict"], rows
     )
