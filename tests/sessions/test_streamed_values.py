@@ -27,9 +27,12 @@ def test_tensors_arrive_as_sent_through_a_stream() -> None:
     request = CellRequest(1, "push", out)
     left, right = socket.socketpair()
     with left, right:
-        sender = threading.Thread(
-            target=lambda: [left.sendall(p) for p in [frame_bytes(request), *out.buffers]]
-        )
+
+        def send() -> None:
+            for part in [frame_bytes(request), *out.buffers]:
+                left.sendall(part)
+
+        sender = threading.Thread(target=send)
         sender.start()
         got = read_frame(right.fileno())
         (arrived,) = streamed_in(got)
