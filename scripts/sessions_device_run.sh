@@ -40,8 +40,8 @@ step() {
     echo "$name rc=$?" | tee -a "$out/rc.txt"
 }
 
+# the most wanted first: a call cut short by its time limit keeps what ran
 step remote 150 python3 scripts/sessions_gpu_check.py --remote
-step local 120 python3 scripts/sessions_gpu_check.py
 step nccl 110 python3 scripts/session_nccl_check.py
 
 port=6391
@@ -58,6 +58,7 @@ for run in "first user,no-warm" "after-call pre-formed"; do
     step "rmatrix-$situation" 100 python3 tests/sessions/session_matrix.py "$situation" \
         "$origins" --device cuda
 done
+step local 120 python3 scripts/sessions_gpu_check.py
 kill -- -"$head" 2> /dev/null  # the head's process group: its gcs_server, raylet, workers
 timeout 20 bash -c "while kill -0 -- -$head 2> /dev/null; do sleep 0.5; done" \
     || kill -9 -- -"$head" 2> /dev/null
