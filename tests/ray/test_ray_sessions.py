@@ -112,8 +112,9 @@ def _actors() -> list[Any]:
 def test_stacks_output_and_values_of_every_rank(cluster: Any, untracked: None) -> None:
     with Session(gpus=4, gpu_type="cpu", remote=True, name="look", output="none") as sess:
         handle = sess.start_exec(
-            "import time, os, torch\nprint('in', os.environ['RANK'], flush=True)\n"
-            "def stuck_in_this_cell():\n    time.sleep(60)\nstuck_in_this_cell()"
+            "import threading, os, torch\nprint('in', os.environ['RANK'], flush=True)\n"
+            "def stuck_in_this_cell():\n    threading.Event().wait(60)  # until interrupted\n"
+            "stuck_in_this_cell()"
         )
         eventually(lambda: all("in " in sess.handle.logs(r) for r in range(4)), "entered")
         stacks = sess.stacks()
@@ -155,11 +156,15 @@ def test_a_killed_caller_leaves_no_session_actor(cluster: Any, tmp_path: Path) -
         "s = Session(gpus=4, remote=True, tracking=False, output='none')\n"
         "s.exec('x = 1')\n"
         "print('ready', flush=True)\n"
-        "import time; time.sleep(600)\n"
+        "import sys; sys.stdin.read()  # until the test kills it\n"
     )
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     caller = subprocess.Popen(
-        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", code],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert caller.stdout is not None

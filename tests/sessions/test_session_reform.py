@@ -25,9 +25,15 @@ GROUP = (
     "    runtime.init_process_group()\n"
 )
 
+TESTS = Path(__file__).resolve().parents[1]
+"""Where ``eventually`` is, for the code a rank runs."""
+
 LATE_PEER = """
-import os, time, pathlib
+import os, pathlib, sys
 import torch.distributed as dist
+
+sys.path.insert(0, {tests!r})
+from eventually import eventually
 
 _rank = int(os.environ["RANK"])
 _moved_on = pathlib.Path({folder!r}) / "rank-0-moved-on"
@@ -89,9 +95,7 @@ def _late_init(*args, **kwargs):
     _real_init(*args, **kwargs)
     _init_returned.append(True)
     if _rank == 1:  # the rest of rank 1's re-form waits for rank 0 to move on (bounded)
-        deadline = time.monotonic() + 60
-        while not _moved_on.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(_moved_on.exists, "rank 0 moved on after its re-form", timeout=60)
         _formed.touch()
 
 
@@ -112,7 +116,7 @@ def test_no_rank_runs_the_cell_before_every_rank_formed_the_re_formed_group(
     sess: Session, tmp_path: Path
 ) -> None:
     sess.exec(GROUP)
-    sess.exec(LATE_PEER.format(folder=str(tmp_path)))
+    sess.exec(LATE_PEER.format(folder=str(tmp_path), tests=str(TESTS)))
     with pytest.raises(KeyError):  # a failure with the group up: the next cell re-forms it
         sess.exec("if _rank == 1:\n    raise KeyError('rank 1 failed')")
     assert list(sess.exec(DESTROY_AT_ONCE)) == [None, None]
