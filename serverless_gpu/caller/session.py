@@ -153,16 +153,10 @@ class SessionRun:
         self.link.send(message)
 
     def _group_store(self) -> str:
-        """Ranks that share no folder re-form on a store this process keeps until the next
-        re-form (the generation's group needs it only while it forms); else a file store."""
-        if not isinstance(self.link, TcpLink):
-            return ""
-        from datetime import timedelta
-
-        from serverless_gpu.common.group_store import listening_store
-
-        self._store = listening_store(self.link.host, 0, self.world, timedelta(seconds=60))
-        return f"{self.link.host}:{self._store.port}"
+        """Where the next generation meets (the link says); a store this process keeps is
+        held until the next re-form (the generation's group needs it only while it forms)."""
+        self._store, address = self.link.group_store(self.world)
+        return address
 
     def interrupt(self, number: int) -> None:
         cell = self._cells.get(number)

@@ -20,25 +20,27 @@ import shutil
 import socket
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from serverless_gpu.common import settings
-from serverless_gpu.runfiles.streamed import receive
+from serverless_gpu.common.group_store import listening_store
+from serverless_gpu.runfiles.streamed import read_message
 from serverless_gpu.wire.session import (
     HELLO_BYTES,
-    frame_bytes,
-    read_frame,
+    TOKEN_BYTES,
+    frame_parts,
     read_hello,
-    read_into,
     session_fifo,
-    streamed_in,
     write_frame,
 )
 
 _HELLO_S = 10.0
 """How long a new connection may take to say who it is before it is dropped."""
 _ACCEPT_SLICE_S = 0.5
+_STORE_WAIT = timedelta(seconds=60)
+"""How long a re-formed group's store waits for its ranks."""
 
 
 class FifoLink:
@@ -58,6 +60,10 @@ class FifoLink:
 
     def env(self) -> dict[str, str]:
         return {}
+
+    def group_store(self, world: int) -> tuple[Any, str]:
+        """A re-formed group's store: the ranks make a file store in the session folder."""
+        return None, ""
 
     def send(self, message: object) -> None:
         with self._lock:
@@ -84,11 +90,13 @@ class TcpLink:
     def __init__(self, host: str, world: int) -> None:
         self.host = host
         self.world = world
-        self.token = secrets.token_hex(16)
+        self.token = secrets.token_hex(TOKEN_BYTES // 2)
         self._listener = socket.create_server((host, 0), backlog=world + 8)
         self._listener.settimeout(_ACCEPT_SLICE_S)
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
+        """Guards the connections, the frames waiting for a rank and the event hand-off."""
+        self._send_lock = threading.Lock()
         self._conns: dict[int, socket.socket] = {}
         self._waiting: dict[int, list[Any]] = {r: [] for r in range(world)}
         self._deliver: Callable[[list[Any]], None] | None = None
@@ -103,6 +111,12 @@ class TcpLink:
             settings.SESSION_TOKEN.name: self.token,
         }
 
+    def group_store(self, world: int) -> tuple[Any, str]:
+        """A re-formed group's store, for ranks that share no folder: a ``TCPStore`` this
+        process keeps, listening on the address the ranks reach it at; and that address."""
+        store = listening_store(self.host, 0, world, _STORE_WAIT)
+        return store, f"{self.host}:{store.port}"
+
     def attach(self, deliver: Callable[[list[Any]], None]) -> None:
         """The backend's way to hand the ranks' events to the run (its logs, stacks, handle)."""
         with self._lock:
@@ -111,15 +125,12 @@ class TcpLink:
             deliver(early)
 
     def send(self, message: object) -> None:
-        parts = [frame_bytes(message), *(b for v in streamed_in(message) for b in v.buffers)]
-        with self._lock:
-            conns = []
-            for rank in range(self.world):
-                conn = self._conns.get(rank)
-                if conn is None:
+        parts = frame_parts(message)
+        with self._send_lock:  # one message's bytes at a time on every connection
+            with self._lock:
+                conns = [c for r, c in sorted(self._conns.items())]
+                for rank in set(range(self.world)) - set(self._conns):
                     self._waiting[rank].extend(parts)
-                else:
-                    conns.append(conn)
             if len(parts) == 1 or len(conns) < 2:
                 for conn in conns:
                     _send_parts(conn, parts)
@@ -181,30 +192,23 @@ class TcpLink:
         return rank
 
     def _join(self, rank: int, conn: socket.socket) -> None:
-        with self._lock:
-            if self._closed:
-                conn.close()
-                return
-            self._conns[rank] = conn
-            waiting, self._waiting[rank] = self._waiting[rank], []
-            try:
-                for data in waiting:
-                    conn.sendall(data)
-            except OSError:
-                self._drop(rank)
-                return
+        with self._send_lock:
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._conns[rank] = conn
+                waiting, self._waiting[rank] = self._waiting[rank], []
+            _send_parts(conn, waiting)
         reader = threading.Thread(
-            target=self._read, args=(rank, conn), name=f"serverless-gpu-session-{rank}", daemon=True
+            target=self._read, args=(conn,), name=f"serverless-gpu-session-{rank}", daemon=True
         )
         reader.start()
 
-    def _read(self, rank: int, conn: socket.socket) -> None:
-        fd = conn.fileno()
+    def _read(self, conn: socket.socket) -> None:
         while True:
             try:
-                batch = read_frame(fd)
-                for value in streamed_in(batch):  # a cell's value: its tensors follow
-                    value.value = receive(value, lambda view: read_into(fd, view))
+                batch = read_message(conn.fileno())  # a cell's value: its tensors follow
             except (OSError, EOFError, pickle.UnpicklingError):
                 batch = None
             if not isinstance(batch, list):
@@ -215,11 +219,6 @@ class TcpLink:
                     self._early.extend(batch)
                     continue
             deliver(batch)
-
-    def _drop(self, rank: int) -> None:
-        conn = self._conns.pop(rank, None)
-        if conn is not None:
-            conn.close()
 
 
 def _send_parts(conn: socket.socket, parts: list[Any]) -> None:

@@ -70,13 +70,7 @@ class GroupOwner:
 
         abort()
         warm_group.release()
-        store: Any
-        if address:  # the caller's, for ranks that share no folder
-            host, _, port = address.rpartition(":")
-            client = dist.TCPStore(host, int(port), self.world, False, timeout=_STORE_WAIT)
-            store = dist.PrefixStore(f"generation-{generation}", client)
-        else:
-            store = dist.FileStore(f"{self.session_dir}/group-{generation}", self.world)
+        store = self._store(generation, address)
         kwargs: dict[str, Any] = {}
         if not runtime.is_cpu_mode():
             import torch
@@ -93,6 +87,17 @@ class GroupOwner:
                 store.set(f"{_FORMED}{self.rank}", "failed")
             raise
         all_formed(store, self.rank, self.world)
+
+    def _store(self, generation: int, address: str) -> Any:
+        """The generation's store: the caller's (``address``, for ranks that share no folder),
+        else a file store in the session folder."""
+        import torch.distributed as dist
+
+        if not address:
+            return dist.FileStore(f"{self.session_dir}/group-{generation}", self.world)
+        host, _, port = address.rpartition(":")
+        client = dist.TCPStore(host, int(port), self.world, False, timeout=_STORE_WAIT)
+        return dist.PrefixStore(f"generation-{generation}", client)
 
 
 _FORMED = "serverless-gpu/formed/"

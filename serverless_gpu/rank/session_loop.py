@@ -39,7 +39,7 @@ from serverless_gpu.runfiles.serialization import (
     load_payload,
     load_result,
 )
-from serverless_gpu.runfiles.streamed import receive, streamed
+from serverless_gpu.runfiles.streamed import read_message, streamed
 from serverless_gpu.wire.runpaths import RunPaths
 from serverless_gpu.wire.session import (
     CELL_DONE,
@@ -53,12 +53,9 @@ from serverless_gpu.wire.session import (
     CloseSession,
     Interrupt,
     Streamed,
-    frame_bytes,
+    frame_parts,
     hello_bytes,
-    read_frame,
-    read_into,
     session_fifo,
-    streamed_in,
 )
 
 _INLINE_BYTES = 1 << 16
@@ -90,9 +87,7 @@ class _Rank:
     def read(self, fd: int) -> None:
         while True:
             try:
-                message = read_frame(fd)
-                for value in streamed_in(message):  # a push: its tensors follow
-                    value.value = receive(value, lambda view: read_into(fd, view))
+                message = read_message(fd)  # a push: its tensors follow
             except (OSError, EOFError, pickle.UnpicklingError):
                 message = None
             if isinstance(message, Interrupt):
@@ -178,29 +173,28 @@ class _Rank:
 
     def answer(self, request: CellRequest, value: Any) -> CellDone:
         names = tuple(n for n in self.namespace if not n.startswith("__")) if self.rank == 0 else ()
-        inline, path = self.encode(request, value)
         return CellDone(
             request.number,
-            value=inline if isinstance(inline, bytes) else None,
-            streamed=inline if isinstance(inline, Streamed) else None,
-            value_file=path,
+            **self.encode(request, value),
             group=group_up(),
             names=names,
             peak_memory=_device_memory(),
         )
 
-    def encode(self, request: CellRequest, value: Any) -> tuple[bytes | Streamed | None, str]:
+    def encode(self, request: CellRequest, value: Any) -> dict[str, Any]:
+        """The answer's fields that carry ``value``: ``value``, ``streamed`` or ``value_file``."""
         if value is None:
-            return None, ""
+            return {}
         if not request.results_dir:  # the caller's files are out of reach: all in the answer
-            return streamed(value) or _pickled(value, dumps_for_caller), ""
+            held = streamed(value)
+            return {"streamed": held} if held else {"value": _pickled(value, dumps_for_caller)}
         if not _holds_tensors(value):
             data = _pickled(value, cloudpickle.dumps)
             if len(data) < _INLINE_BYTES:
-                return data, ""
+                return {"value": data}
         path = Path(request.results_dir) / f"cell-{request.number:04d}-value_{self.rank}.pkl"
         dump_result(value, path, self.world)
-        return None, str(path)
+        return {"value_file": str(path)}
 
     def reform(self, generation: int, store: str) -> None:
         """A new default group on the store of this generation: the broken one is gone."""
@@ -316,7 +310,7 @@ def _connect(address: str, rank: int) -> socket.socket:
     lock = threading.Lock()
 
     def send(batch: list[Any]) -> None:
-        parts = [frame_bytes(batch), *(b for v in streamed_in(batch) for b in v.buffers)]
+        parts = frame_parts(batch)
         with lock:
             for part in parts:
                 link.sendall(part)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from serverless_gpu.runfiles import tensor_file
-from serverless_gpu.wire.session import Streamed
+from serverless_gpu.wire.session import Streamed, read_frame, read_into, streamed_in
 
 
 def streamed(value: Any) -> Streamed | None:
@@ -52,3 +52,12 @@ def receive(value: Streamed, read_into: Callable[[memoryview], None]) -> Any:
             return tensor_file.typed(storages[offset], dtype, torch)
 
     return _Unpickler(io.BytesIO(value.meta)).load()
+
+
+def read_message(fd: int) -> object | None:
+    """The next frame on ``fd`` with its :class:`Streamed` values read in (``read_frame``'s
+    None at EOF)."""
+    message = read_frame(fd)
+    for value in streamed_in(message):
+        value.value = receive(value, lambda view: read_into(fd, view))
+    return message

@@ -117,9 +117,9 @@ class CellDone(CellEnd):
     """The value, with its tensors' bytes after the frame (a remote session's answer)."""
 
 
-_HELLO = struct.Struct("<I32s")
 TOKEN_BYTES = 32
 """The session's secret: 32 hex characters."""
+_HELLO = struct.Struct(f"<I{TOKEN_BYTES}s")
 
 
 def hello_bytes(rank: int, token: str) -> bytes:
@@ -143,6 +143,12 @@ def frame_bytes(message: object) -> bytes:
     """``message`` pickled, behind its length."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(data)) + data
+
+
+def frame_parts(message: object) -> list[Any]:
+    """What goes on a stream for ``message``: its frame, then the raw bytes of its
+    :class:`Streamed` values' tensors."""
+    return [frame_bytes(message), *(b for v in streamed_in(message) for b in v.buffers)]
 
 
 def write_frame(fd: int, message: object) -> None:

@@ -178,31 +178,29 @@ class RankActor:
     # -- events to the caller, commands from it -----------------------------------------------
 
     def _to_caller(self, kind: str, data: Any) -> None:
-        if isinstance(data, CellEnd) and event_route.current() is not None:
+        at_once = isinstance(data, CellEnd) and event_route.current() is not None
+        if at_once:
             self._capture.drained()  # the cell's output goes first, and all of it now
-            self._events.append(RankMessage(self.run_id, self.rank, kind, data, time.time()))
-            self._route()
-            return
         self._events.append(RankMessage(self.run_id, self.rank, kind, data, time.time()))
+        if at_once:
+            self._route()
 
-    def _route(self) -> bool:
+    def _route(self) -> None:
         """Send the events through the session's connection, if it has one (no Ray call)."""
         route = event_route.current()
         if route is None:
-            return False
+            return
         with self._send_lock:
             batch = [self._events.popleft() for _ in range(len(self._events))]
             if batch:
                 route(batch)
-        return True
 
     def _flush_loop(self) -> None:
         idle = 0.0
         while True:
             time.sleep(_FLUSH_S)
             idle += _FLUSH_S
-            if event_route.current() is not None:  # a session's rank: events go at once
-                become.best_effort(self._route)
+            become.best_effort(self._route)  # a session's rank: its events go at once
             # While a call runs, an empty batch is sent now and then too: its reply carries
             # the caller's commands.
             if self._events or (self._running and idle >= _POLL_S):
