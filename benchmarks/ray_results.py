@@ -63,7 +63,14 @@ def _start_ray(nbytes: int, device: str) -> None:
     )
     gpus = 1 if device == "cuda" else 0
     store = max(3 * nbytes, 256 * 2**20)  # the result, and the one of the call before it
-    ray.init(num_cpus=2, num_gpus=gpus, object_store_memory=store, log_to_driver=False)
+    # "local": a cluster of its own, never one that another process of this machine runs
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=gpus,
+        object_store_memory=store,
+        log_to_driver=False,
+    )
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:

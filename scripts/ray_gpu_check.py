@@ -83,6 +83,7 @@ def main() -> None:
 
     gpus = args.gpus or (2 if args.cpu else len(gpu_used_mib()))
     ray.init(
+        address="local",  # a cluster of its own, not one another process runs here
         num_cpus=max(4, gpus + 2),
         num_gpus=0 if args.cpu else gpus,
         include_dashboard=False,

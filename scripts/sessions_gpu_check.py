@@ -157,7 +157,12 @@ def _connect_ray(cpu: bool) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(log_to_driver=False)
     else:
-        ray.init(num_gpus=0 if cpu else None, include_dashboard=False, log_to_driver=False)
+        ray.init(
+            address="local",  # a cluster of its own, not one another process runs here
+            num_gpus=0 if cpu else None,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
     print(f"ray {ray.__version__}: {ray.cluster_resources()}", flush=True)
 
 

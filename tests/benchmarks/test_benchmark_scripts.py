@@ -7,8 +7,10 @@ The two scripts run at the same time to keep the test short; their timings are n
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -116,11 +118,18 @@ def test_data_and_checkpoint_benchmarks_tiny(tmp_path: Path) -> None:
 
 def test_ray_results_benchmark_quick_cpu(tmp_path: Path) -> None:
     """``ray_results.py --quick --cpu``: its three ways side by side, on a Ray cluster of its
-    own (private HOME: Ray's first local start writes an auth token there), nothing left."""
+    own (private HOME: Ray's first local start writes an auth token there), nothing left.
+    Another cluster of this machine (a ``ray start`` one, which names itself in Ray's
+    ``ray_current_cluster`` file) is not the benchmark's: a plain ``ray.init()`` would join it."""
     pytest.importorskip("ray")
     marker = uuid.uuid4().hex
     env = {**os.environ, MARKER: marker, "SERVERLESS_GPU_RUNS_DIR": str(tmp_path / "runs")}
     env.update(HOME=str(tmp_path / "home"), RAY_AUTH_MODE="disabled")
+    # a short folder: Ray's sockets live under it (a Unix socket's path has 107 characters)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt"))
+    (ray_tmp / "ray").mkdir()
+    (ray_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1\n")  # another's cluster
+    env["RAY_TMPDIR"] = str(ray_tmp)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     out = tmp_path / "ray_results.md"
     cmd = [sys.executable, str(REPO / "benchmarks" / "ray_results.py"), "--quick", "--cpu"]
@@ -138,6 +147,7 @@ def test_ray_results_benchmark_quick_cpu(tmp_path: Path) -> None:
         left = wait_until_none(marker, limit=30.0)
         for proc in left:  # started by this test: clean up before failing
             proc.kill()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert not left, f"processes survived the benchmark: {[p.pid for p in left]}"
     written = out.read_text()
