@@ -43,6 +43,7 @@ from serverless_gpu.wire.protocol import (
     RankDone,
     RankSpec,
     ToCaller,
+    UserCodeEnded,
     UserCodeStarted,
 )
 from serverless_gpu.wire.runspec import CAPTURE_S, RunSpec
@@ -215,6 +216,8 @@ class RunSupervisor:
         elif isinstance(message, UserCodeStarted):
             at = Instant(time.monotonic(), message.time)  # the rank's own time
             self._apply(self.machine.rank_started(rank, r.proc.pid, at))
+        elif isinstance(message, UserCodeEnded):
+            self._apply(self.machine.rank_reporting(rank, _now()))
         elif isinstance(message, RankDone):
             failure = None if message.ok else message.failure or _unsaid(rank, message)
             self._apply(self.machine.rank_done(rank, message.summary, failure, _now()))

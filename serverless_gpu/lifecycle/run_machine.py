@@ -6,11 +6,13 @@ ask to stop, TERM, KILL, emit an event). Time is an input (:class:`Instant`): no
 reads a clock, waits, or touches a process.
 
 Root cause = the first failure in time (``wire/outcome.py``). Any failure, a timeout or a
-cancel stops every other rank at once (TERM, then KILL after ``grace``). A timeout takes the
-ranks' stacks first; with ``stop_grace`` a timeout or a cancel asks the ranks to return
-before they are stopped. A transport that sees each rank's exit (the launcher) reports a run
-at its last exit, or as soon as every rank returned; one that does not (Ray: a rank's end is
-its call's answer) reports it when it says the run is over (:meth:`RunMachine.end`).
+cancel stops every other rank at once (TERM, then KILL after ``grace``), but for a rank past
+the user's code, which may finish sending what it logged and its answer (``report_s``). A
+timeout takes the ranks' stacks first; with ``stop_grace`` a timeout or a cancel asks the
+ranks to return before they are stopped. A transport that sees each rank's exit (the
+launcher) reports a run at its last exit, or as soon as every rank returned; one that does not
+(Ray: a rank's end is its call's answer) reports it when it says the run is over
+(:meth:`RunMachine.end`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from serverless_gpu.wire.outcome import RunOutcome
 
 RELEASE_GRACE_S = 5.0
 """How long ranks that all returned may take to exit (communicator and CUDA teardown)."""
+REPORT_S = 5.0
+"""How long a rank past the user's code may take to send what it logged and its answer
+when a peer's failure, the timeout or a cancel stops the run."""
 
 
 class RunPhase(enum.Enum):
@@ -55,7 +60,8 @@ class RunPhase(enum.Enum):
     ASKED = "asked to stop"
     """The ranks were asked to return (a cancel or the timeout, with ``stop_grace``)."""
     STOPPING = "stopping"
-    """Every rank was sent SIGTERM (SIGKILL after the grace period); it ends at the last exit."""
+    """Every rank was sent SIGTERM (SIGKILL after the grace period), one past the user's code
+    once it has reported or ``report_s`` is over; it ends at the last exit."""
     REPORTED = "reported"
     """``RunFinished`` is out. On success that is as soon as every rank has reported its
     result; the ranks then exit (communicator and CUDA teardown) on their own time."""
@@ -77,6 +83,7 @@ class Timing:
     capture_s: float = 1.5
     """How long the timeout's stacks are waited for (less if the backend says they are in)."""
     release_s: float = RELEASE_GRACE_S
+    report_s: float = REPORT_S
 
 
 @dataclass
@@ -88,6 +95,8 @@ class RankRecord:
     """What it returned (type, shape) or how it failed, in one line."""
     exited: bool = False
     """Its end was seen: its exit (launcher), or its call's answer or loss (Ray)."""
+    reporting: bool = False
+    """Past the user's code: it sends what it logged, then its answer."""
 
     @property
     def running(self) -> bool:
@@ -118,6 +127,9 @@ class RunMachine:
         """The stop the ranks were asked for (graceful stop), and its reason."""
         self.ask_deadline: float | None = None
         self.kill_deadline: float | None = None
+        self.held: set[int] = set()
+        """Ranks past the user's code that a stop lets finish reporting, until ``report_due``."""
+        self.report_due: float | None = None
         self._out: list[Action] = []
 
     # -- what the backend reads ------------------------------------------------------------------
@@ -178,6 +190,14 @@ class RunMachine:
         self._emit(RankStarted(self.run_id, rank, pid, at.wall, node))
         return self._take()
 
+    def rank_reporting(self, rank: int, at: Instant) -> list[Action]:
+        """The user's code in the rank returned or raised: it sends what it logged and its
+        answer now, which a stop lets it finish (for ``report_s``)."""
+        r = self.ranks[rank]
+        if r.running:
+            r.reporting = True
+        return self._take()
+
     def rank_done(
         self, rank: int, summary: str, failure: RankFailure | None, at: Instant
     ) -> list[Action]:
@@ -185,6 +205,10 @@ class RunMachine:
         r = self.ranks[rank]
         r.summary = summary
         r.state = RankState.DONE if failure is None else RankState.FAILED
+        if rank in self.held:  # it has reported: stopped now (one that raised exits itself)
+            self.held.discard(rank)
+            if failure is None:
+                self._terminate((rank,), at)
         if failure is not None:
             self.outcome.rank_failed(failure)
         if not self.reports_exits:  # its answer is its end
@@ -217,6 +241,10 @@ class RunMachine:
         if self.finished:  # reported already, as every rank had returned
             return []
         r.state = self._classify_exit(rank, status, at)
+        if rank in self.held:  # it ended before it had reported
+            self.held.discard(rank)
+            if r.state is RankState.STOPPED:
+                self.unfinished = (*self.unfinished, rank)
         self._rank_finished(rank, at, status)
         if self.all_exited:
             self._finish(at)
@@ -314,8 +342,14 @@ class RunMachine:
         if self.asked is not None and self.ask_deadline is not None and now >= self.ask_deadline:
             self.ask_deadline = None
             self._stop(*self.asked, at)
+        if self.report_due is not None and now >= self.report_due:
+            self.report_due = None
+            late, self.held = tuple(sorted(self.held)), set()
+            if late:  # they did not finish reporting in time: stopped as the others were
+                self.unfinished = tuple(sorted({*self.unfinished, *late}))
+                self._terminate(late, at)
         if self.kill_deadline is not None and now >= self.kill_deadline:
-            left = tuple(i for i, r in enumerate(self.ranks) if not r.exited)
+            left = tuple(i for i, r in enumerate(self.ranks) if not r.exited and i not in self.held)
             if left:
                 self._out.append(Kill(left))
         return self._take()
@@ -363,13 +397,24 @@ class RunMachine:
             return
         self.outcome.stopped_for(status, message)
         self.phase = RunPhase.STOPPING
-        self.unfinished = self._running()
+        # A rank past the user's code is sending what it logged: it may finish (report_s).
+        self.held = {i for i, r in enumerate(self.ranks) if r.running and r.reporting}
+        if self.held:
+            self.report_due = at.mono + self.timing.report_s
+        self.unfinished = tuple(i for i in self._running() if i not in self.held)
         # One that raised is exiting on its own.
         term = (
-            i for i, r in enumerate(self.ranks) if not r.exited and r.state is not RankState.FAILED
+            i
+            for i, r in enumerate(self.ranks)
+            if not r.exited and r.state is not RankState.FAILED and i not in self.held
         )
         self._out.append(Terminate(tuple(term)))
         self.kill_deadline = at.mono + self.timing.grace
+
+    def _terminate(self, ranks: tuple[int, ...], at: Instant) -> None:
+        """Stop ``ranks`` later than the others (KILL after their own grace)."""
+        self._out.append(Terminate(ranks))
+        self.kill_deadline = max(self.kill_deadline or 0.0, at.mono + self.timing.grace)
 
     def _timed_out(self) -> tuple[RunStatus, str]:
         states = enumerate(r.state for r in self.ranks)

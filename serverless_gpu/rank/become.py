@@ -57,6 +57,9 @@ class Transport(ABC, Generic[Outcome]):
     def started(self) -> None:
         """The user's code starts now."""
 
+    def ended(self) -> None:
+        """The user's code has returned or raised: what it logged and its answer go next."""
+
     @abstractmethod
     def load(self) -> Payload:
         """The call's ``(fn, args, kwargs)``."""
@@ -84,7 +87,7 @@ def run_call(spec: RankSpec, transport: Transport[Outcome]) -> Outcome:
     """The rank's part of the call ``spec``, from the prologue to its outcome."""
     enter(spec, transport)
     try:
-        result = call_function(transport.load)
+        result = call_function(transport.load, transport.ended)
     except SystemExit as exc:
         return transport.exited(exc)
     except BaseException as exc:  # the user's failure, whatever it is, goes back to the caller
@@ -125,10 +128,10 @@ def _enter_folders(run: RunSpec, remote: bool) -> None:
     ]
 
 
-def call_function(load: Callable[[], Payload]) -> Any:
+def call_function(load: Callable[[], Payload], ended: Callable[[], None] = lambda: None) -> Any:
     """A rank's part of the call, on every backend: the hooks' rank initializers, the payload
-    (``load()``), the user's function, then the exit callbacks (metric flushes), whatever
-    happens. Raises what the function raises."""
+    (``load()``), the user's function, ``ended()``, then the exit callbacks (metric flushes),
+    whatever happens. Raises what the function raises."""
     try:
         _call_initializers()
         func, args, kwargs = load()
@@ -137,6 +140,7 @@ def call_function(load: Callable[[], Payload]) -> Any:
         _note_cpu_mode(exc)
         raise
     finally:
+        best_effort(ended)
         _exit_callbacks_quietly()
 
 

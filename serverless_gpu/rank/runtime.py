@@ -132,6 +132,7 @@ def init_process_group(timeout: timedelta | None = None, **kwargs: Any) -> None:
 _channel: Callable[[str, Any], None] | None = None
 _exit_callbacks: list[Callable[[], None]] = []
 _cell_callbacks: list[Callable[[], None]] = []
+_stop_callbacks: list[Callable[[], None]] = []
 
 
 def connect(channel: Callable[[str, Any], None]) -> None:
@@ -155,8 +156,25 @@ def on_rank_exit(callback: Callable[[], None]) -> None:
 def run_exit_callbacks() -> None:
     """Run (and forget) what :func:`on_rank_exit` registered; the worker calls it once the
     user's function has ended."""
+    _stop_callbacks.clear()  # past the function: what they would send goes now
     while _exit_callbacks:
         _exit_callbacks.pop(0)()
+
+
+def on_stopped(callback: Callable[[], None]) -> None:
+    """Run ``callback`` if the rank is stopped while its function runs (a peer failed, the
+    timeout, a cancel), just before it ends: a last flush of what it logged. It must be quick
+    and may find its locks held (bound every wait): the rank is killed soon after."""
+    _stop_callbacks.append(callback)
+
+
+def run_stopped_callbacks() -> None:
+    """Run (and forget) what :func:`on_stopped` registered; a failing callback is skipped."""
+    while _stop_callbacks:
+        try:
+            _stop_callbacks.pop(0)()
+        except Exception:  # the rank ends next whatever happens
+            pass
 
 
 def on_cell_end(callback: Callable[[], None]) -> None:

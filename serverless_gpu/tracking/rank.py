@@ -20,6 +20,10 @@ from serverless_gpu.rank import runtime
 from serverless_gpu.tracking.errors import TrackingWarning
 from serverless_gpu.tracking.rank_buffer import RankBuffer
 
+_STOPPED_FLUSH_WAIT_S = 0.5
+"""How long a stopped rank's last flush waits for one under way (the launcher kills the rank
+a second after stopping it)."""
+
 
 def install() -> None:
     """Called by the worker in each rank before the user's function is loaded."""
@@ -28,6 +32,7 @@ def install() -> None:
     run_id = settings.MLFLOW_RUN_ID.read()
     buffer = RankBuffer(run_id, settings.MLFLOW_FLUSH_INTERVAL.read(), runtime.send_to_caller)
     runtime.on_rank_exit(buffer.close)
+    runtime.on_stopped(lambda: buffer.flush_within(_STOPPED_FLUSH_WAIT_S))
     runtime.on_cell_end(buffer.flush)
     if "mlflow" in sys.modules:
         _patch(buffer)

@@ -66,11 +66,24 @@ class RankBuffer:
     def flush(self) -> None:
         """Send everything buffered so far; batches leave in the order they were taken."""
         with self._send_lock:
-            while batch := self._take():
-                try:
-                    self._send(MESSAGE_KIND, batch)
-                except OSError:
-                    return  # the launcher is gone and this rank is about to be stopped
+            self._send_all()
+
+    def flush_within(self, wait_s: float) -> None:
+        """``flush``, unless another flush holds the sending for ``wait_s`` (it may be this
+        thread's own, interrupted by the signal that calls this)."""
+        if not self._send_lock.acquire(timeout=wait_s):
+            return
+        try:
+            self._send_all()
+        finally:
+            self._send_lock.release()
+
+    def _send_all(self) -> None:
+        while batch := self._take():
+            try:
+                self._send(MESSAGE_KIND, batch)
+            except OSError:
+                return  # the launcher is gone and this rank is about to be stopped
 
     def close(self) -> None:
         """Stop the flusher and send the rest (the rank's exit callback)."""

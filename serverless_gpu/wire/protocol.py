@@ -134,6 +134,14 @@ class UserCodeStarted:
 
 
 @dataclass(frozen=True)
+class UserCodeEnded:
+    """The user's function returned or raised: the rank now sends what it logged and writes
+    its answer (a peer's failure lets it finish that before stopping it)."""
+
+    time: float
+
+
+@dataclass(frozen=True)
 class RankDone:
     """The rank's result (``ok``) or error record has been written to the run directory."""
 

@@ -110,6 +110,42 @@ def test_a_raise_stops_the_others_and_is_the_root_cause() -> None:
     assert "raised ValueError: boom" in end.message
 
 
+def test_a_rank_past_its_code_finishes_reporting_before_a_peers_failure_stops_it() -> None:
+    """Rank 0 returned and sends what it logged when rank 1 raises: it is not stopped until
+    its answer is in (then as the others were), and it is not among the unfinished."""
+    m = running(3, grace=1.0, report_s=5.0)
+    assert m.rank_reporting(0, at(0.9)) == []
+    out = m.rank_done(1, "ValueError: boom", raised(1, 1), at(1))
+    assert out == [Terminate((2,))]
+    m.rank_exited(1, 1, at(1.1))
+    assert m.tick(at(2.0)) == [Kill((2,))]  # the reporting rank is not killed with the others
+    m.rank_exited(2, -9, at(2.1))
+    assert m.rank_done(0, "int", None, at(3)) == [Terminate((0,))]  # it has reported: now
+    assert m.tick(at(3.9)) == []
+    end = finished(m.rank_exited(0, -15, at(4.0)))
+    assert (end.status, end.root_cause_rank, end.unfinished_ranks) == (RunStatus.FAILED, 1, (2,))
+    assert m.ranks[0].state is RankState.DONE
+
+
+def test_a_rank_that_does_not_finish_reporting_in_time_is_stopped_then() -> None:
+    m = running(2, grace=1.0, report_s=5.0)
+    m.rank_reporting(0, at(0.5))
+    assert m.rank_done(1, "ValueError: boom", raised(1, 1), at(1)) == [Terminate(())]
+    m.rank_exited(1, 1, at(1.1))
+    assert m.tick(at(5.9)) == []
+    assert m.tick(at(6.0)) == [Terminate((0,))]
+    assert m.tick(at(7.0)) == [Kill((0,))]
+    end = finished(m.rank_exited(0, -9, at(7.1)))
+    assert end.unfinished_ranks == (0,)
+
+
+def test_a_cancel_spares_a_reporting_rank_too_but_a_rank_in_its_code_is_stopped() -> None:
+    m = running(2, grace=1.0, report_s=5.0)
+    m.rank_reporting(1, at(0.5))
+    assert m.cancel("cancelled by the user", at(1), force=True) == [Terminate((0,))]
+    assert m.unfinished == (0,)
+
+
 def test_a_crash_without_an_answer_fails_the_run_with_its_exit() -> None:
     m = running()
     out = m.rank_exited(0, -11, at(1))

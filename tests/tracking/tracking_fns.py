@@ -65,11 +65,24 @@ def log_points_and_a_file(steps: int, directory: str) -> float:
     return per_call_ms
 
 
-def log_points_then_fail(steps: int) -> None:
-    """``log_points``, then rank 1 raises (rank 0 returns)."""
+def log_points_then_fail(steps: int, fill: int, marker: str) -> None:
+    """``log_points``, and rank 0 ``fill`` points more (of "fill"); then rank 1 raises while
+    rank 0 still runs (it waits to be stopped), its points not yet sent."""
+    import threading
+
+    import mlflow
+
     log_points(steps)
-    if _rank() == 1:
-        raise ValueError("rank 1 gave up after logging")
+    if _rank() == 0:
+        for step in range(fill):
+            mlflow.log_metric("fill", float(step), step=step)
+        Path(marker).write_text("logged")
+        threading.Event().wait(60)  # stopped by the launcher once rank 1 fails
+        return
+    deadline = time.monotonic() + 60
+    while not Path(marker).exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    raise ValueError("rank 1 gave up after logging")
 
 
 def fail_on_rank_1(how: str) -> None:
