@@ -29,7 +29,7 @@ from serverless_gpu.common.errors import (
 from serverless_gpu.common.lifetime import die_with_parent
 from serverless_gpu.doctor import stacks
 from serverless_gpu.rank import doctor as rank_doctor
-from serverless_gpu.rank import runtime, warm_group
+from serverless_gpu.rank import stop_signal, warm_group
 from serverless_gpu.rank.become import (
     Payload,
     Transport,
@@ -144,7 +144,7 @@ class LauncherTransport(Transport[int]):
 
     def prepare(self) -> None:
         rank_doctor.install(self.spec.run.paths, self.spec.rank)
-        signal.signal(signal.SIGTERM, _ended_by_sigterm(os.getpid()))
+        stop_signal.install()  # a SIGTERM sends what the rank logged first
 
     def to_caller(self, kind: str, data: Any) -> None:
         self.send(ToCaller(kind, data, time.time()))
@@ -206,20 +206,6 @@ class LauncherTransport(Transport[int]):
                 pass
         except (EOFError, OSError):
             pass
-
-
-def _ended_by_sigterm(rank_pid: int) -> Callable[[int, Any], None]:
-    """The handler of the launcher's SIGTERM (a peer failed, the timeout, a cancel): what the
-    rank logged goes to the caller first (``runtime.on_stopped``), then the rank ends by the
-    signal, as it would have without the handler (its exit status says SIGTERM)."""
-
-    def handler(signum: int, frame: Any) -> None:
-        if os.getpid() == rank_pid:  # not in a process forked from the rank (a worker)
-            runtime.run_stopped_callbacks()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    return handler
 
 
 def _write_result(result: Any, paths: list[Path], local_ranks: int) -> None:

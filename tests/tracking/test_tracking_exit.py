@@ -8,12 +8,17 @@ import os
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import tracking_fns
 from mlflow import MlflowClient
 from mlflow.entities import Run
 from procs import run_script
 from tracking_checks import rank_key
+
+from serverless_gpu import distributed
+from serverless_gpu.wire.events import RankFinished, RankState
 
 HERE = Path(__file__).resolve().parent
 STEPS = 200
@@ -76,3 +81,28 @@ def test_a_caller_exiting_at_once_after_a_call_leaves_its_run_complete(
     assert run.data.params["lr"] == "0.1"
     logs = {a.path for a in embedded.list_artifacts(run.info.run_id, "logs")}
     assert logs == {"logs/rank_0.txt", "logs/rank_1.txt"}
+
+
+def test_a_rank_stopped_inside_c_code_sends_its_points_and_ends_by_sigterm_at_once(
+    embedded: MlflowClient,
+    experiment_runs: Callable[[MlflowClient], list[Run]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 is in a long matrix product (C code: Python runs no signal handler there) when
+    rank 2's failure stops the run: it still sends every point it held back, and it ends by
+    the launcher's SIGTERM, not by the SIGKILL that follows a second later."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", embedded.tracking_uri)
+    monkeypatch.setenv("SERVERLESS_GPU_MLFLOW_FLUSH_INTERVAL", "3600")
+    fn = distributed(gpus=3, gpu_type="cpu", timeout=300, output="none")
+    handle = fn(tracking_fns.points_then_stopped_in_c).start(STEPS, str(tmp_path / "marker"))
+    seen: list[Any] = []
+    handle.subscribe(seen.append)
+    with pytest.raises(ValueError, match="rank 2 gave up"):
+        handle.result()
+    ends = {e.rank: e for e in seen if isinstance(e, RankFinished)}
+    assert (ends[0].state, ends[0].signal_name) == (RankState.STOPPED, "SIGTERM")
+    [run] = experiment_runs(embedded)
+    for rank in range(3):
+        history = embedded.get_metric_history(run.info.run_id, rank_key(rank, "loss"))
+        assert sorted(m.step for m in history) == list(range(STEPS)), rank

@@ -140,3 +140,27 @@ def many_points(steps: int) -> float:
 
 def no_mlflow() -> int:
     return _rank()
+
+
+def points_then_stopped_in_c(steps: int, marker: str) -> None:
+    """Every rank logs ``steps`` points (held back by a long flush interval); then rank 0
+    multiplies two large matrices (C code, seconds long, where Python runs no signal handler),
+    rank 1 waits in Python, and rank 2 raises once rank 0 is about to multiply."""
+    import threading
+
+    import torch
+
+    log_points(steps)
+    rank = _rank()
+    if rank == 0:
+        a = torch.randn(6000, 6000)
+        Path(marker).write_text("multiplying")
+        for _ in range(10):
+            a = a @ a
+    elif rank == 1:
+        threading.Event().wait(60)
+    else:
+        deadline = time.monotonic() + 60
+        while not Path(marker).exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        raise ValueError("rank 2 gave up")
