@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import socket
@@ -61,6 +62,7 @@ def run_tags(ctx: RunContext) -> dict[str, str]:
     }
 
 
+@functools.cache  # a lookup reads every installed distribution's metadata: ms, every call
 def _version(distribution: str) -> str:
     try:
         return importlib.metadata.version(distribution)

@@ -12,6 +12,7 @@ handed out for a port that another user's process holds.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import os
 import socket
@@ -26,6 +27,7 @@ _LISTEN = "0A"
 _TIME_WAIT = "06"
 """A closed socket's remains, which the table lists under uid 0 whoever owned it."""
 _CHUNK = 65536
+_PROBE_S = 0.5
 _FORBIDDEN = (
     b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
     b"This MLflow UI serves its owner's store to its owner only.\n"
@@ -54,15 +56,21 @@ def _address(field: str) -> tuple[Address, int]:
     return _unmapped(ipaddress.ip_address(packed)), int(port, 16)
 
 
-def _sockets() -> Iterator[_Socket]:
+def _sockets(local_port: int) -> Iterator[_Socket]:
+    """The table's sockets whose local port is ``local_port``. The table has a line for every
+    socket of the machine (thousands on a busy one): lines of other ports are skipped on their
+    text, before any address is parsed."""
+    suffix = f":{local_port:04X}"
     for table in _TABLES:
         try:
             lines = table.read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
+            if suffix + " " not in line:  # neither address has that port
+                continue
             fields = line.split()
-            if len(fields) > 7:
+            if len(fields) > 7 and fields[1].endswith(suffix):
                 yield _Socket(_address(fields[1]), _address(fields[2]), fields[3], int(fields[7]))
 
 
@@ -72,7 +80,7 @@ def peer_uid(conn: socket.socket) -> int | None:
     ours_host, ours_port = conn.getsockname()[:2]
     peer = (_unmapped(ipaddress.ip_address(host)), port)
     ours = (_unmapped(ipaddress.ip_address(ours_host)), ours_port)
-    for entry in _sockets():
+    for entry in _sockets(port):
         if entry.local == peer and entry.remote == ours and entry.state != _TIME_WAIT:
             return entry.uid
     return None
@@ -80,11 +88,21 @@ def peer_uid(conn: socket.socket) -> int | None:
 
 def listener_uid(port: int) -> int | None:
     """The uid of whoever listens on ``port`` where 127.0.0.1 reaches it; None: nobody."""
-    for entry in _sockets():
+    if not _accepts(port):  # the usual answer, without the table (its read takes ~15 ms)
+        return None
+    for entry in _sockets(port):
         ip, bound = entry.local
         if entry.state == _LISTEN and bound == port and (ip.is_loopback or ip.is_unspecified):
             return entry.uid
     return None
+
+
+def _accepts(port: int) -> bool:
+    """Whether something may listen on 127.0.0.1:``port``: only a refused connection (at once,
+    where nobody listens) says no; a pending one (a full backlog) or another error says maybe."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(_PROBE_S)
+        return probe.connect_ex(("127.0.0.1", port)) != errno.ECONNREFUSED
 
 
 def _unmapped(ip: Address) -> Address:
