@@ -106,7 +106,9 @@ def _check_record(cell: Any, live_text: str) -> None:
 
 
 def _text(cell: Any) -> str:
-    parts = [o.get("text", "") for o in cell.outputs if o.output_type == "stream"]
+    # A stream's text as printed: a display sent meanwhile by a background thread (the table's
+    # record) splits it into two outputs, even in the middle of one print().
+    parts = ["".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")]
     parts += ["\n".join(o.get("traceback", [])) for o in cell.outputs if o.output_type == "error"]
     return ANSI.sub("", "\n".join(parts))
 
