@@ -84,6 +84,26 @@ def log_metrics(steps: int) -> int:
     return node
 
 
+def log_then_peer_fails(steps: int, marker: str) -> None:
+    """Both ranks log ``steps`` points; rank 0 then waits to be stopped, rank 1 raises once
+    rank 0 has logged (its points still held: a long flush interval)."""
+    import threading
+    from pathlib import Path
+
+    import mlflow
+
+    for step in range(steps):
+        mlflow.log_metric("loss", float(step), step=step)
+    if runtime.get_global_rank() == 0:
+        Path(marker).write_text("logged")
+        threading.Event().wait(60)  # the actor is killed once rank 1 fails
+        return
+    deadline = time.monotonic() + 60
+    while not Path(marker).exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    raise ValueError("rank 1 gave up")
+
+
 def tasks_on_every_node(tasks: int) -> dict[str, Any]:
     """Ray-native code: spread plain Ray tasks over the cluster from the launched driver."""
     import ray

@@ -44,3 +44,29 @@ def test_metrics_from_both_nodes_in_one_run(
     for key in ("loss", "rank_1/loss", "rank_2/loss", "rank_3/loss"):
         history = client.get_metric_history(run.info.run_id, key)
         assert [m.step for m in sorted(history, key=lambda m: m.step)] == list(range(5)), key
+
+
+def test_a_rank_stopped_by_a_peers_failure_sends_its_points_first(
+    cluster: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray's kill runs nothing in the actor: the call asks a stopped rank to send the points it
+    holds before its actor is killed (here every point: a flush interval longer than the call)."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "ray-stop")
+    monkeypatch.setenv("SERVERLESS_GPU_MLFLOW_FLUSH_INTERVAL", "3600")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    fn = distributed(gpus=2, gpu_type="cpu", remote=True, timeout=180)(ray_fns.log_then_peer_fails)
+
+    with pytest.raises(ValueError, match="rank 1 gave up"):
+        fn.distributed(50, str(tmp_path / "marker"))
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("ray-stop")
+    assert experiment is not None
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FAILED"
+    for key in ("loss", "rank_1/loss"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert sorted(m.step for m in history) == list(range(50)), key

@@ -18,7 +18,9 @@ from serverless_gpu.wire.runpaths import RunPaths
 
 STOP = "serverless_gpu.ray.stop"
 STACKS = "serverless_gpu.ray.stacks"
-"""Commands from the caller to a rank (and the kind of the rank's answer to ``STACKS``)."""
+FLUSH = "serverless_gpu.ray.flush"
+"""Commands from the caller to a rank (and the kind of the rank's answer to ``STACKS`` and to
+``FLUSH``: the rank has sent what it held, just before its actor is killed)."""
 
 
 def start_dump_file(paths: RunPaths, rank: int, main_thread: str) -> None:

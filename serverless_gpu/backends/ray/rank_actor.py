@@ -28,7 +28,7 @@ from collections import deque
 from typing import Any
 
 from serverless_gpu.backends.ray import doctor, results
-from serverless_gpu.backends.ray.doctor import STACKS, STOP
+from serverless_gpu.backends.ray.doctor import FLUSH, STACKS, STOP
 from serverless_gpu.backends.ray.rank_spec import RayRankSpec
 from serverless_gpu.common.describe import describe_value
 from serverless_gpu.common.errors import (
@@ -38,7 +38,7 @@ from serverless_gpu.common.errors import (
     exception_message,
 )
 from serverless_gpu.common.output import LineSplitter
-from serverless_gpu.rank import become, event_route, stop_request, warm_group
+from serverless_gpu.rank import become, event_route, runtime, stop_request, warm_group
 from serverless_gpu.runfiles.serialization import load_payload
 from serverless_gpu.wire.events import CellEnd, Event, OutputLines, RankMessage
 
@@ -224,6 +224,9 @@ class RankActor:
         elif command == STACKS:
             text = _all_stacks()
             self._events.append(RankMessage(self.run_id, self.rank, STACKS, text, time.time()))
+        elif command == FLUSH:  # the run is stopped: what the rank holds goes before its end
+            runtime.run_stopped_callbacks()
+            self._events.append(RankMessage(self.run_id, self.rank, FLUSH, None, time.time()))
 
 
 _POLL_S = 0.3

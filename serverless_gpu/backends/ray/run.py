@@ -21,13 +21,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from serverless_gpu.backends.ray import doctor, results
-from serverless_gpu.backends.ray.doctor import STACKS, STOP
+from serverless_gpu.backends.ray.doctor import FLUSH, STACKS, STOP
 from serverless_gpu.backends.ray.placement import PlacementError, _Stopped
 from serverless_gpu.backends.ray.rank_spec import rank_spec
 from serverless_gpu.backends.ray.ranks import RayRank
 from serverless_gpu.backends.ray.run_actors import CALL_S, RunActors
 from serverless_gpu.backends.ray.standby import Standby
 from serverless_gpu.caller.hooks import RunContext
+from serverless_gpu.common import settings
 from serverless_gpu.common.errors import RankFailure
 from serverless_gpu.doctor import stacks
 from serverless_gpu.lifecycle.run_actions import (
@@ -45,6 +46,10 @@ from serverless_gpu.runfiles.serialization import dump_to_file
 from serverless_gpu.wire.events import OutputLines, RankMessage, RankState
 
 _SLICE_S = 0.1
+FLUSH_S = 1.0
+"""How long a stopped tracked call's ranks may take to send what they hold before their actors
+are killed (a rank reads the command within 0.3 s)."""
+_FLUSH_POLL_S = 0.05
 
 
 class RayRun:
@@ -78,11 +83,13 @@ class RayRun:
             RequestStacks: lambda a: self._command(list(a.ranks), STACKS),
             CaptureStacks: self._capture_stacks,
             SaveStacks: self._save_stacks,
-            Terminate: lambda _a: self.actors.kill_all(),
+            Terminate: self._terminate,
         }
         """How the machine's actions are carried out on Ray. The others have no counterpart
         here: the specs go with each rank's call, an actor's output comes with its events,
         ``ray.kill`` at ``Terminate`` leaves no ``Kill`` to do, and no ``Release`` to wait for."""
+        self._flushed: set[int] = set()
+        """Ranks that answered ``FLUSH``: they have sent what they held."""
 
     @property
     def adopt(self) -> bool:
@@ -272,6 +279,19 @@ class RayRun:
         stop = self.machine.outcome.stop
         return None if stop is None else stop[1]
 
+    def _terminate(self, action: Terminate) -> None:
+        """``ray.kill`` runs nothing in the actor: a tracked call's ranks still running first
+        send the points they hold (``runtime.on_stopped``), for ``FLUSH_S`` at most."""
+        ranks = set(action.ranks)
+        if ranks and self.actors.sink is not None and settings.MLFLOW_RUN_ID.name in self.spec.env:
+            self._command(sorted(ranks), FLUSH)
+            deadline = time.monotonic() + FLUSH_S
+            while not ranks <= self._flushed and time.monotonic() < deadline:
+                self._take_events()
+                if not ranks <= self._flushed:
+                    time.sleep(_FLUSH_POLL_S)
+        self.actors.kill_all()
+
     def _run_failed(self, message: str) -> None:
         """The run itself failed (its placement, our code or the cluster), unless it was
         stopped already: then that stop is its end."""
@@ -303,6 +323,9 @@ class RayRun:
                     continue  # a thread the last call of the set left behind
                 if isinstance(event, RankMessage) and event.kind == STACKS:
                     doctor.append(self.ctx.paths, event.rank, str(event.data))
+                    continue
+                if isinstance(event, RankMessage) and event.kind == FLUSH:
+                    self._flushed.add(event.rank)
                     continue
                 if isinstance(event, OutputLines):
                     self._log(event)
