@@ -282,7 +282,7 @@ class RayRun:
     def _terminate(self, action: Terminate) -> None:
         """``ray.kill`` runs nothing in the actor: a tracked call's ranks still running first
         send the points they hold (``runtime.on_stopped``), for ``FLUSH_S`` at most."""
-        ranks = set(action.ranks)
+        ranks = {r for r in action.ranks if self.machine.state(r) is RankState.RUNNING}
         if ranks and self.actors.sink is not None and settings.MLFLOW_RUN_ID.name in self.spec.env:
             self._command(sorted(ranks), FLUSH)
             deadline = time.monotonic() + FLUSH_S
