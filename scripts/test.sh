@@ -23,10 +23,11 @@ say "installed in ${SECONDS} s"
 stage=$SECONDS
 
 # DeepSpeed's CPU communication op, compiled now (beside the checks below, which leave a core
-# free) rather than inside the first test that starts DeepSpeed; kept under .venv/torch_extensions.
+# free: one compile job) rather than inside the first test that starts DeepSpeed; kept under
+# .venv/torch_extensions.
 export TORCH_EXTENSIONS_DIR=$PWD/.venv/torch_extensions
 op_log=$(mktemp)
-.venv/bin/python -c "from deepspeed.accelerator import get_accelerator as a
+MAX_JOBS=1 .venv/bin/python -c "from deepspeed.accelerator import get_accelerator as a
 a().create_op_builder('ShareMemCommBuilder').load()" >"$op_log" 2>&1 &
 op_pid=$!
 
