@@ -91,6 +91,7 @@ def log_then_peer_fails(steps: int, marker: str) -> None:
     from pathlib import Path
 
     import mlflow
+    from eventually import eventually
 
     for step in range(steps):
         mlflow.log_metric("loss", float(step), step=step)
@@ -98,9 +99,7 @@ def log_then_peer_fails(steps: int, marker: str) -> None:
         Path(marker).write_text("logged")
         threading.Event().wait(60)  # the actor is killed once rank 1 fails
         return
-    deadline = time.monotonic() + 60
-    while not Path(marker).exists() and time.monotonic() < deadline:
-        time.sleep(0.005)
+    eventually(Path(marker).exists, "rank 0 logged", timeout=60)
     raise ValueError("rank 1 gave up")
 
 

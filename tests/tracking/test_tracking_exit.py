@@ -25,7 +25,7 @@ STEPS = 200
 
 _CALLER = """
 import sys
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{here!r}, {tests!r}]
 import tracking_fns
 from serverless_gpu import distributed
 
@@ -61,7 +61,9 @@ def test_a_caller_exiting_at_once_after_a_call_leaves_its_run_complete(
     env = {**os.environ, "MLFLOW_TRACKING_URI": embedded.tracking_uri}
     if exit_how == "fail":
         env["SERVERLESS_GPU_MLFLOW_FLUSH_INTERVAL"] = "3600"
-    code = textwrap.dedent(_CALLER.format(here=str(HERE), steps=STEPS, fill=FILL))
+    code = textwrap.dedent(
+        _CALLER.format(here=str(HERE), tests=str(HERE.parent), steps=STEPS, fill=FILL)
+    )
     marker = str(tmp_path / "rank0-returned")
     done = run_script(code, exit_how, marker, env=env, cwd=tmp_path, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]

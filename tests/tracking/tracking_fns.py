@@ -79,9 +79,9 @@ def log_points_then_fail(steps: int, fill: int, marker: str) -> None:
         Path(marker).write_text("logged")
         threading.Event().wait(60)  # stopped by the launcher once rank 1 fails
         return
-    deadline = time.monotonic() + 60
-    while not Path(marker).exists() and time.monotonic() < deadline:
-        time.sleep(0.005)
+    from eventually import eventually  # tests/: on the caller's path, which the ranks take
+
+    eventually(Path(marker).exists, "rank 0 logged", timeout=60)
     raise ValueError("rank 1 gave up after logging")
 
 
@@ -160,7 +160,7 @@ def points_then_stopped_in_c(steps: int, marker: str) -> None:
     elif rank == 1:
         threading.Event().wait(60)
     else:
-        deadline = time.monotonic() + 60
-        while not Path(marker).exists() and time.monotonic() < deadline:
-            time.sleep(0.005)
+        from eventually import eventually
+
+        eventually(Path(marker).exists, "rank 0 is about to multiply", timeout=60)
         raise ValueError("rank 2 gave up")
