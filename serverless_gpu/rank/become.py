@@ -128,7 +128,7 @@ def _enter_folders(run: RunSpec, remote: bool) -> None:
     ]
 
 
-def call_function(load: Callable[[], Payload], ended: Callable[[], None] = lambda: None) -> Any:
+def call_function(load: Callable[[], Payload], ended: Callable[[], None]) -> Any:
     """A rank's part of the call, on every backend: the hooks' rank initializers, the payload
     (``load()``), the user's function, ``ended()``, then the exit callbacks (metric flushes),
     whatever happens. Raises what the function raises."""

@@ -29,7 +29,7 @@ from serverless_gpu.common.errors import (
 from serverless_gpu.common.lifetime import die_with_parent
 from serverless_gpu.doctor import stacks
 from serverless_gpu.rank import doctor as rank_doctor
-from serverless_gpu.rank import stop_signal, warm_group
+from serverless_gpu.rank import runtime, stop_signal, warm_group
 from serverless_gpu.rank.become import (
     Payload,
     Transport,
@@ -144,7 +144,8 @@ class LauncherTransport(Transport[int]):
 
     def prepare(self) -> None:
         rank_doctor.install(self.spec.run.paths, self.spec.rank)
-        stop_signal.install()  # a SIGTERM sends what the rank logged first
+        # Once something is to be sent at a stop (a tracked call), a SIGTERM sends it first.
+        runtime.when_stopped_wanted(stop_signal.install)
 
     def to_caller(self, kind: str, data: Any) -> None:
         self.send(ToCaller(kind, data, time.time()))

@@ -133,6 +133,9 @@ _channel: Callable[[str, Any], None] | None = None
 _exit_callbacks: list[Callable[[], None]] = []
 _cell_callbacks: list[Callable[[], None]] = []
 _stop_callbacks: list[Callable[[], None]] = []
+_stop_hook: Callable[[], None] | None = None
+"""How the backend gets to run ``on_stopped`` callbacks, set up at the first one (a forked
+rank's SIGTERM handler; Ray asks its actors itself): an untracked call pays nothing for it."""
 
 
 def connect(channel: Callable[[str, Any], None]) -> None:
@@ -165,7 +168,18 @@ def on_stopped(callback: Callable[[], None]) -> None:
     """Run ``callback`` if the rank is stopped while its function runs (a peer failed, the
     timeout, a cancel), just before it ends: a last flush of what it logged. It must be quick
     and may find its locks held (bound every wait): the rank is killed soon after."""
+    global _stop_hook
     _stop_callbacks.append(callback)
+    hook, _stop_hook = _stop_hook, None
+    if hook is not None:
+        hook()
+
+
+def when_stopped_wanted(hook: Callable[[], None]) -> None:
+    """``hook`` runs (once, in the caller of ``on_stopped``) when a first callback is
+    registered: the backend's rank readies its way to run them."""
+    global _stop_hook
+    _stop_hook = hook
 
 
 def run_stopped_callbacks() -> None:

@@ -24,7 +24,8 @@ _ending = threading.Lock()
 
 
 def install() -> None:
-    """In the rank's main thread, before the user's code runs."""
+    """In the rank's main thread (``runtime.on_stopped``'s first call: the rank initializers,
+    before the user's code)."""
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     signal.signal(signal.SIGTERM, _handler)
