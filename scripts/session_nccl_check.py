@@ -59,6 +59,7 @@ def _run(
     env["SESSION_MATRIX_WORLD"] = str(world)
     env["SERVERLESS_GPU_RUNS_DIR"] = str(where / "runs")
     env["SERVERLESS_GPU_WARMUP"] = "0"
+    env["SESSION_MATRIX_DRIVER_S"] = str(max(limit - 10, 1))  # its stacks before the limit
     if device == "cpu":
         env["SERVERLESS_GPU_TYPE"] = "cpu"
     argv = [sys.executable, str(DRIVER), situation, origins, "--device", device]

@@ -142,8 +142,8 @@ def test_a_page_that_draws_the_widget_shows_the_lines_once(
             page.goto(
                 server.page_url("text.ipynb") if lab_page else server.notebook7_url("text.ipynb")
             )
+            lab._wait_idle(page, 60)  # Notebook 7 too (a run before the kernel is connected)
             if lab_page:
-                lab._wait_idle(page, 60)
                 lab._dismiss_notifications(page)
             _select_kernel(page)
             lab._run_cell(page, 0)

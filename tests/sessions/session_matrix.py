@@ -11,10 +11,13 @@ session's group comes from: ``pre-formed`` (standby ranks formed it), ``user`` (
 For each origin one session runs every fault in turn, each followed by a check cell (the
 namespace intact, an all-reduce right); rank death goes last, as it ends the session. Prints
 one ``CASE <json>`` line per case: ``{"situation", "origin", "fault", "ok", "detail", "s"}``.
+Every cell is bounded (``CELL_S``): one that does not end fails its case with the ranks' stacks
+(on stderr), and the origin's later faults are not run on that session.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -22,7 +25,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from serverless_gpu import CancelledError, RankFailedError, Session, SessionEndedError, distributed
+from serverless_gpu import (
+    CancelledError,
+    RankFailedError,
+    Session,
+    SessionEndedError,
+    WaitTimeoutError,
+    distributed,
+)
 
 FAULTS = ("raise", "peer-raises", "interrupt", "cancel-in-collective", "destroy-reinit", "death")
 PEER_FREED_S = 3.0
@@ -35,6 +45,13 @@ REMOTE = os.environ.get("SESSION_MATRIX_REMOTE") == "1"
 of a call of the session's shape, which formed the next call's group after it."""
 PEER_FAULTS = ("peer-raises", "cancel-in-collective")
 """Faults that need a peer: skipped (and said so) with one rank."""
+CELL_S = 45.0
+"""The most a cell may take (a right one takes well under a second)."""
+GRACE_S = 15.0
+"""The sessions' grace: a rank not back this long after an interrupt ends the session (a
+case failure); seconds under a loaded machine's worst, not its usual milliseconds."""
+DRIVER_S = float(os.environ.get("SESSION_MATRIX_DRIVER_S", "280"))
+"""Past this the driver prints its threads' stacks and exits (a hang outside any cell)."""
 
 
 def _rank() -> int:
@@ -96,7 +113,7 @@ class Matrix:
             gpu_type=self.gpu_type,
             tracking=False,
             name=origin,
-            grace=5.0,
+            grace=GRACE_S,
             remote=REMOTE,
             **options,
         )
@@ -109,26 +126,27 @@ class Matrix:
 
     def begin(self, sess: Session, origin: str) -> None:
         dev = "torch.device('cuda', r)" if self.device == "cuda" else "'cpu'"
-        sess.exec(
+        _exec(
+            sess,
             "import os, time, torch, torch.distributed as dist\n"
             "r = int(os.environ['RANK'])\n"
             f"dev = {dev}\n"
-            "keep = {'rank': r}"
+            "keep = {'rank': r}",
         )
-        formed = list(sess.exec("dist.is_initialized()"))
+        formed = _exec(sess, "dist.is_initialized()")
         if origin == "pre-formed":
             assert formed == [True] * WORLD, f"no pre-formed group: {formed}"
         else:  # where standby ranks formed one, the user's init takes it (as in a notebook)
             if origin == "no-warm":
                 assert formed == [False] * WORLD, f"a group before the user's: {formed}"
-            sess.exec(_init_code(self.device))
+            _exec(sess, _init_code(self.device))
 
     # -- the faults -----------------------------------------------------------------------------
 
     def check(self, sess: Session) -> None:
         """The namespace kept, and an all-reduce right."""
         code = f"t = {self.tensor}\ndist.all_reduce(t)\n({self.value}, keep['rank'])"
-        got = list(sess.exec(code))
+        got = _exec(sess, code)
         want = [(float(WORLD), r) for r in range(WORLD)]
         assert got == want, f"check cell gave {got}, wanted {want}"
 
@@ -136,7 +154,7 @@ class Matrix:
         return str(getattr(self, "fault_" + fault.replace("-", "_"))(sess) or "")
 
     def fault_raise(self, sess: Session) -> str:
-        _expect(NameError, lambda: sess.exec("undefined_name"))
+        _expect(NameError, lambda: _exec(sess, "undefined_name"))
         self.check(sess)
         return ""
 
@@ -146,17 +164,20 @@ class Matrix:
             f"if r == 1:\n    raise ValueError('boom')\n"
             f"t = {self.tensor}\ndist.all_reduce(t)\n{self.value}"
         )
-        _expect(ValueError, lambda: sess.start_exec(code).result(timeout=30))
+        _expect(ValueError, lambda: _exec(sess, code))
         took = time.monotonic() - start
         assert took <= PEER_FREED_S + 2.0, f"the peer was freed after {took:.1f} s"
         self.check(sess)
         return f"peer freed in {took:.1f} s"
 
     def fault_interrupt(self, sess: Session) -> str:
+        before = _entries(sess)
         handle = sess.start_exec("print('entered', flush=True)\ntime.sleep(60)")
-        _entered(sess)
-        handle.cancel()
-        _expect(CancelledError, lambda: handle.result(timeout=30))
+        try:
+            _entered(sess, before)
+        finally:  # a cell left sleeping would hold the next ones back
+            handle.cancel()
+        _expect(CancelledError, lambda: _result(sess, handle))
         self.check(sess)
         return ""
 
@@ -166,20 +187,23 @@ class Matrix:
             f"if r == 0:\n    t = {self.tensor}\n    dist.all_reduce(t)\n    {self.value}\n"
             "else:\n    time.sleep(60)"
         )
+        before = _entries(sess)
         handle = sess.start_exec(code)
-        _entered(sess)
-        start = time.monotonic()
-        handle.cancel()
-        _expect(CancelledError, lambda: handle.result(timeout=30))
+        try:
+            _entered(sess, before)
+        finally:
+            start = time.monotonic()
+            handle.cancel()
+        _expect(CancelledError, lambda: _result(sess, handle))
         assert sess.alive, "the session ended"
         self.check(sess)
         return f"interrupted in {time.monotonic() - start:.1f} s"
 
     def fault_destroy_reinit(self, sess: Session) -> str:
         for _ in range(3):
-            sess.exec("dist.destroy_process_group()")
-            assert list(sess.exec("dist.is_initialized()")) == [False] * WORLD
-            sess.exec(_init_code(self.device))
+            _exec(sess, "dist.destroy_process_group()")
+            assert _exec(sess, "dist.is_initialized()") == [False] * WORLD
+            _exec(sess, _init_code(self.device))
             self.check(sess)
         return "3 rounds"
 
@@ -188,9 +212,9 @@ class Matrix:
             f"if r == {WORLD - 1}:\n    os._exit(3)\n"
             f"t = {self.tensor}\ndist.all_reduce(t)\n{self.value}"
         )
-        _expect(RankFailedError, lambda: sess.start_exec(code).result(timeout=30))
+        _expect(RankFailedError, lambda: _exec(sess, code))
         assert not sess.alive, "the session lives on without its rank"
-        _expect(SessionEndedError, lambda: sess.exec("1"))
+        _expect(SessionEndedError, lambda: _exec(sess, "1"))
         return "ended"
 
     def run(self, origin: str) -> None:
@@ -201,24 +225,32 @@ class Matrix:
                 self.say(origin, fault, False, f"session did not open: {exc!r}", 0.0)
             return
         try:
+            stuck = ""
             for fault in FAULTS:
-                self.one(sess, origin, fault)
+                if stuck:  # its cells would queue behind the stuck one
+                    self.say(origin, fault, False, f"not run: {stuck}", 0.0)
+                elif not self.one(sess, origin, fault):
+                    stuck = f"a cell of {fault!r} did not end"
         finally:
             sess.close()
 
-    def one(self, sess: Session, origin: str, fault: str) -> None:
+    def one(self, sess: Session, origin: str, fault: str) -> bool:
+        """Run one case; False when one of its cells did not end."""
         start = time.monotonic()
         if not sess.alive:
             self.say(origin, fault, False, "the session had ended before", 0.0)
-            return
+            return True
         if WORLD == 1 and fault in PEER_FAULTS:
             self.say(origin, fault, True, "skipped: one rank has no peer", 0.0)
-            return
+            return True
+        ended = True
         try:
             detail, ok = self.run_fault(sess, fault), True
         except Exception as exc:
             detail, ok = f"{type(exc).__name__}: {exc}", False
+            ended = not isinstance(exc.__cause__ or exc, WaitTimeoutError)
         self.say(origin, fault, ok, detail, time.monotonic() - start)
+        return ended
 
 
 def _expect(kind: type[BaseException], fn: Callable[[], object]) -> None:
@@ -231,23 +263,35 @@ def _expect(kind: type[BaseException], fn: Callable[[], object]) -> None:
     raise AssertionError(f"wanted {kind.__name__}, got no error")
 
 
-def _entered(sess: Session) -> None:
-    """Both ranks are in the cell (bounded)."""
+def _exec(sess: Session, code: str) -> list[Any]:
+    """Run a cell, within ``CELL_S``: its values (a rank's error raised)."""
+    return list(_result(sess, sess.start_exec(code)))
+
+
+def _result(sess: Session, handle: Any) -> Any:
+    """``handle``'s result within ``CELL_S``; past it the ranks' stacks go to stderr."""
+    try:
+        return handle.result(timeout=CELL_S)
+    except WaitTimeoutError:
+        print(f"a cell did not end within {CELL_S:g} s; the ranks' stacks:", file=sys.stderr)
+        for rank, text in sorted(sess.stacks().items()):
+            print(f"--- rank {rank}\n{text}", file=sys.stderr, flush=True)
+        raise
+
+
+def _entries(sess: Session) -> list[int]:
+    """How often each rank printed "entered" so far."""
+    return [sess.handle.logs(r).count("entered") for r in range(WORLD)]
+
+
+def _entered(sess: Session, before: list[int]) -> None:
+    """Every rank printed "entered" once more than ``before`` (bounded)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        ranks = range(WORLD)
-        if all(sess.handle.logs(r).count("entered") > _entered_before(sess, r) for r in ranks):
-            _seen[id(sess)] = {r: sess.handle.logs(r).count("entered") for r in ranks}
+        if all(now > was for now, was in zip(_entries(sess), before, strict=True)):
             return
         time.sleep(0.05)
     raise AssertionError("the ranks did not enter the cell within 30 s")
-
-
-_seen: dict[int, dict[int, int]] = {}
-
-
-def _entered_before(sess: Session, rank: int) -> int:
-    return _seen.get(id(sess), {}).get(rank, 0)
 
 
 def _call(gpu_type: str | None) -> None:
@@ -284,6 +328,7 @@ def _standby_count(psutil: Any) -> int:
 
 
 def main(argv: list[str]) -> int:
+    faulthandler.dump_traceback_later(DRIVER_S, exit=True)
     situation, origins = argv[0], argv[1].split(",")
     device = "cuda" if "--device" in argv and argv[argv.index("--device") + 1] == "cuda" else "cpu"
     matrix = Matrix(situation, device)
