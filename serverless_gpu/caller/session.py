@@ -26,6 +26,7 @@ from serverless_gpu.common.errors import (
     root_cause,
     with_failures,
 )
+from serverless_gpu.doctor import stack_text
 from serverless_gpu.runfiles.serialization import load_result
 from serverless_gpu.wire.events import Event, RankMessage, RankStarted
 from serverless_gpu.wire.session import (
@@ -38,6 +39,8 @@ from serverless_gpu.wire.session import (
 )
 
 _CLOSE_WAIT_S = 10.0
+_STACKS_S = 3.0
+"""How long a session stopped for a late rank waits for its stacks (a rank answers in ms)."""
 _CLOSE_MARGIN_S = 1.0
 """``close()`` waits the session's grace and this for the ranks to end before it stops them."""
 _KEPT_CELLS = 100
@@ -198,10 +201,20 @@ class SessionRun:
         ranks = ", ".join(str(r) for r in late)
         self.ended = (
             f"rank {ranks} did not come back within {self.grace:g} s of the interrupt of cell "
-            f"{cell.number}; the session was stopped"
+            f"{cell.number}{self._where(late)}; the session was stopped"
         )
         self.handle.cancel(self.ended, force=True)
         self.handle.wait(_CLOSE_WAIT_S)
+
+    def _where(self, ranks: list[int]) -> str:
+        """Where ``ranks`` are stuck, from their stacks (saved in the run folder too), taken
+        before the session is stopped: the one clue to what ignored the interrupt."""
+        try:
+            found = self.handle.stacks(_STACKS_S)
+        except Exception:  # the session is stopped all the same
+            return ""
+        said = [f"rank {r} was in {stack_text.where(found[r])}" for r in ranks if r in found]
+        return f" ({'; '.join(said)})" if said else ""
 
     def outcome(self, number: int) -> RunResult[Any]:
         cell = self._cells[number]

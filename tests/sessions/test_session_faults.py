@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import textwrap
 from collections.abc import Iterator
@@ -62,8 +63,11 @@ def test_a_rank_that_ignores_the_interrupt_is_stopped_after_grace(fresh: Session
     for rank in (0, 1):
         eventually(lambda r=rank: "entered" in fresh.handle.logs(r), f"rank {rank} in the cell")
     handle.cancel()
-    with pytest.raises(CancelledError, match=r"rank 1 did not come back within 1 s"):
+    with pytest.raises(CancelledError, match=r"rank 1 did not come back within 1 s") as info:
         handle.result(timeout=20)
+    assert re.search(r"\(rank 1 was in <module> \(<session \w+ cell \d+>:5\)\)", str(info.value)), (
+        info.value
+    )
     assert not fresh.alive
     with pytest.raises(SessionEndedError, match="did not come back"):
         fresh.exec("1")
