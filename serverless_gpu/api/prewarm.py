@@ -13,6 +13,7 @@ from serverless_gpu.backends.local import default_backend
 from serverless_gpu.common import settings
 from serverless_gpu.common.errors import DistributedError
 from serverless_gpu.common.gpus import GPUType, resolve_placement
+from serverless_gpu.tracking.hook import prepare_ahead
 
 _prewarm_threads: set[threading.Thread] = set()
 WARMUP_ENV = settings.WARMUP.name
@@ -44,6 +45,8 @@ def prewarm(
     # CPU per rank.
     tracked = tracking and importlib.util.find_spec("mlflow") is not None
     backend.prewarm(placement, ("mlflow",) if tracked else (), warm_group)
+    if tracked:  # after the launcher's start, which it would otherwise slow down
+        prepare_ahead()
 
 
 def start_prewarm(target: Callable[[], None]) -> None:
