@@ -236,6 +236,16 @@ def cancel(run: RunInfo) -> str:
     caller = psutil.Process(int(pid))
     with contextlib.suppress(ProcessLookupError):
         os.kill(caller.pid, signal.SIGTERM)
-    with contextlib.suppress(psutil.TimeoutExpired, psutil.NoSuchProcess):
-        caller.wait(_CANCEL_WAIT_S)
+    deadline = time.monotonic() + _CANCEL_WAIT_S
+    while not _ended(caller) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return RunInfo(run.run_id, run.run_dir, read_record(run.run_dir)).status
+
+
+def _ended(proc: psutil.Process) -> bool:
+    """Exited, or exited and not reaped yet by its parent (a zombie: ``psutil``'s ``wait`` of
+    a process that is not our child would wait for the reaping, whenever that comes)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

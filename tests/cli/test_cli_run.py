@@ -228,7 +228,9 @@ def test_runs_cancel_of_a_foreground_run_says_and_records_a_cancel(
             if line.endswith("] ready\n"):
                 break
         run_id = _record(tmp_path)["run_id"]
-        cancelled = cli("runs", "cancel", run_id)
+        # the run's process is this test's child, not reaped until proc.wait below: the cancel
+        # sees it end all the same (it waited 30 s for the reaping before)
+        cancelled = cli("runs", "cancel", run_id, timeout=20)
         assert cancelled.stdout.strip() == f"{run_id}: cancelled", cancelled.stderr
         assert proc.wait(timeout=60) == 130
     finally:
