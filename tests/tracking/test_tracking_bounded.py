@@ -15,7 +15,7 @@ import tracking_fns
 from tracking_checks import Server
 
 from serverless_gpu import distributed
-from serverless_gpu.tracking import TrackingWarning
+from serverless_gpu.tracking import TrackingWarning, writer
 
 _HANG_LIMIT_S = 120.0
 """A hanging request is released after this long at the latest, so the server always stops."""
@@ -138,6 +138,7 @@ def test_a_server_that_stops_answering_writes_does_not_hold_the_end_of_the_call(
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.setattr(writer, "STALL_S", 3.0)  # the bound under test, shorter than 30 s
         fn = distributed(gpus=2, gpu_type="cpu", timeout=60)(tracking_fns.log_points)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
