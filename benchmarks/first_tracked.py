@@ -48,8 +48,8 @@ def sample(s: C.Settings, tmp: Path, pause: float, tracked: bool) -> float:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        pause, tracked, device, world = sys.argv[2:6]
-        child(float(pause), tracked == "1", device, int(world))
+        wait_s, tracked_flag, device, world = sys.argv[2:6]
+        child(float(wait_s), tracked_flag == "1", device, int(world))
         return
     pause = 3.0
     if "--pause" in sys.argv:
