@@ -1,19 +1,19 @@
 """Two costs under the data layer, measured side by side on this machine.
 
-    PYTHONPATH=. python benchmarks/data_io.py [--reps 3] [--dir D] [--out F.md]
+    PYTHONPATH=. python benchmarks/data_io.py [--reps 3] [--mib 32] [--dir D] [--out F.md]
 
 * **Batch transfer**: a DataLoader with two persistent workers whose batches are one tensor
   of 4 KiB to 4 MiB: batches a second with torch's transfer (through shared memory) and by
   value (``InlineSmallTensors``, here for every size; the library sends by value only up to
   ``INLINE_MAX_BYTES``), the two alternating, the median of ``--reps`` epochs.
-* **Cache fill**: six objects of 32 MiB on a moto S3 server on 127.0.0.1 copied into new
+* **Cache fill**: six objects of ``--mib`` MiB (32) on a moto S3 server on 127.0.0.1 copied into new
   files under ``--dir`` (default: the temp folder) as the cache copies them (ranged requests
   of 8 MiB, four at a time), written with one ``write()`` per part and through
   ``open_piecewise``; boto3's ``download_file`` beside them. MB/s, not synced (the rate at
   which the page cache takes the copy), the three interleaved in every round.
-* **Page-cache writes**: the same 192 MiB from memory by ``write()`` calls of 256 KiB to
+* **Page-cache writes**: the same 6 x ``--mib`` MiB from memory by ``write()`` calls of 256 KiB to
   8 MiB, the sizes interleaved in every round.
-* **Page-cache reads**: six files of 32 MiB read back in 256 KiB ``pread`` calls, all in
+* **Page-cache reads**: six files of ``--mib`` MiB read back in 256 KiB ``pread`` calls, all in
   memory, by how they came there: written in 16 KiB ``write()`` calls (as Python's
   ``tarfile`` writes a member), in 256 KiB calls, or written, dropped from the page cache and
   read back once. The kernel keeps a file's pages in groups (folios) whose size follows how
@@ -84,8 +84,8 @@ def _every_size_by_value(worker_id: int) -> None:
     InlineSmallTensors(None)(worker_id)
 
 
-def fill_rates(folder: Path, reps: int) -> dict[str, float]:
-    """MB/s of copying six 32 MiB objects from a moto server into files, three ways."""
+def fill_rates(folder: Path, reps: int, each: int) -> dict[str, float]:
+    """MB/s of copying six objects of ``each`` bytes from a moto server into files, three ways."""
     import boto3
     import fsspec
     from data import _AWS, start_moto
@@ -95,7 +95,7 @@ def fill_rates(folder: Path, reps: int) -> dict[str, float]:
     try:
         s3 = boto3.client("s3", endpoint_url=endpoint)
         s3.create_bucket(Bucket="fill")
-        blob = os.urandom(32 * MiB)
+        blob = os.urandom(each)
         keys = [f"shard-{i}.tar" for i in range(6)]
         for key in keys:
             s3.put_object(Bucket="fill", Key=key, Body=blob)
@@ -138,8 +138,8 @@ def _interleaved(
     return {name: statistics.median(r) for name, r in rates.items()}
 
 
-def write_rates(folder: Path, reps: int) -> dict[str, float]:
-    data = memoryview(os.urandom(32 * MiB))
+def write_rates(folder: Path, reps: int, each: int) -> dict[str, float]:
+    data = memoryview(os.urandom(each))
     ways: dict[str, Callable[[Path, str], None]] = {
         f"write() of {size // KiB} KiB": partial(_plain, data=data, size=size) for size in WRITES
     }
@@ -152,8 +152,8 @@ def _plain(path: Path, key: str, *, data: memoryview, size: int) -> None:
             out.write(data[at : at + size])
 
 
-def read_rates(folder: Path, reps: int) -> dict[str, float]:
-    data = memoryview(os.urandom(32 * MiB))
+def read_rates(folder: Path, reps: int, each: int) -> dict[str, float]:
+    data = memoryview(os.urandom(each))
     files: dict[str, list[Path]] = {}
     for size in READ_AFTER:
         files[f"written in {size // KiB} KiB write() calls"] = [
@@ -198,6 +198,9 @@ def _pread_all(_out: Path, _key: str, *, paths: list[Path]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--mib", type=int, default=32, help="each object and file of the cache and page-cache rows"
+    )
     parser.add_argument("--dir", type=Path, default=None, help="for the writes (default: /tmp)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -221,16 +224,20 @@ def main() -> None:
                      f"{r['by value'] / r['shared memory']:.2f}x |")  # fmt: skip
     folder = Path(tempfile.mkdtemp(prefix="sgpu-bench-io-", dir=args.dir))
     try:
-        fill = fill_rates(folder, args.reps)
-        writes = write_rates(folder, args.reps)
-        reads = read_rates(folder, args.reps)
+        each = args.mib * MiB
+        fill = fill_rates(folder, args.reps, each)
+        writes = write_rates(folder, args.reps, each)
+        reads = read_rates(folder, args.reps, each)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     where = args.dir or tempfile.gettempdir()
     sections = [
-        (f"Cache fill from S3 into {where}", fill),
-        (f"Page-cache writes into {where}", writes),
-        (f"Page-cache reads of {SAMPLE // KiB} KiB from {where}", reads),
+        (f"Cache fill from S3 into {where} (six objects of {args.mib} MiB)", fill),
+        (f"Page-cache writes into {where} ({6 * args.mib} MiB)", writes),
+        (
+            f"Page-cache reads of {SAMPLE // KiB} KiB from {where} (six files of {args.mib} MiB)",
+            reads,
+        ),
     ]
     for title, rates in sections:
         lines += ["", f"{title}, MB/s:", "", "| way | MB/s |", "|---|---|"]

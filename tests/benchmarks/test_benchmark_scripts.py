@@ -85,15 +85,15 @@ def test_data_and_checkpoint_benchmarks_tiny(tmp_path: Path) -> None:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     runs = {
         "data.py": (
-            ["--files", "64", "--workers", "0", "--workers", "2"],
+            ["--files", "16", "--workers", "2"],
             ["| 256KiB | local | VolumeDataset | 2 |", "| 256KiB | s3 | file-list DataLoader |"],
         ),
         "checkpoint.py": (
-            ["--mib", "128", "--dir", str(tmp_path)],
+            ["--mib", "32", "--reps", "1", "--dir", str(tmp_path)],
             ["| VolumeWriter / VolumeReader |", "| dd (1 process) |", "| yes |"],
         ),
         "data_io.py": (
-            ["--reps", "1", "--dir", str(tmp_path)],
+            ["--reps", "1", "--mib", "4", "--dir", str(tmp_path)],
             [
                 "| 4 KiB |",
                 "| boto3 download_file |",
