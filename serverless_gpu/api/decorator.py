@@ -322,15 +322,13 @@ class DistributedFunction(Generic[P, R]):
         subscribers = run_hooks(ctx)
         if not ctx.display_claimed:
             subscribers.insert(0, ConsolePrinter(cfg.output))
+        ctx.subscribers.extend(subscribers)  # the handle has them before the run can end
         ctx.seal(cwd, tuple(sys.path))
         try:
-            handle: RunHandle[R] = self.backend.submit(ctx, payload)
+            return self.backend.submit(ctx, payload)
         except OSError as exc:
             what = "could not start the run"
             raise os_error(what, exc, LauncherError, run_dir.parent, run_dir) from exc
-        for subscriber in subscribers:
-            handle.subscribe(subscriber)
-        return handle
 
 
 def _interrupted(handle: RunHandle[Any]) -> None:

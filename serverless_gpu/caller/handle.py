@@ -116,7 +116,7 @@ class RunHandle(call_fields.CallFields, Generic[R]):
         self._hangs = HangWatch(ctx.run_id, ctx.config.hang_warning)
         self._started: set[int] = set()
         self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
-        self._subscribers: list[Subscriber] = []
+        self._subscribers: list[Subscriber] = list(ctx.subscribers)
         self._stderr: dict[int, deque[str]] = {}
         self._outcome: tuple[RunResult[R] | None, BaseException | None] | None = None
         self._loading = threading.Lock()

@@ -48,6 +48,10 @@ class RunContext:
     call: Call | None = None
     """The ``.distributed()`` call this run is an attempt of (``call.attempt``); hooks keep
     per-call state there (``call.state``, ``call.on_end``)."""
+    subscribers: list[Any] = field(default_factory=list, repr=False)
+    """What sees every event of the run (the console, the hooks' subscribers): the handle takes
+    them when it is made, before the run can start, so that a run ending at once (a fast
+    attempt on a loaded machine, handled by the finisher thread) is not dispatched to nobody."""
     handle: Any = field(default=None, repr=False)
     """The run's ``RunHandle`` once it is submitted (a notebook table follows it from there)."""
     session_link: Any = field(default=None, repr=False)
