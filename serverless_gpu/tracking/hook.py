@@ -35,15 +35,16 @@ def prepare_ahead() -> None:
         from mlflow.tracking.context.registry import resolve_tags
 
         import serverless_gpu.tracking.tracker  # noqa: F401
-        from serverless_gpu.tracking.private import sqlite_path
+        from serverless_gpu.tracking.private import OPENING, sqlite_path
 
         # the run's context tags: what they import (GitPython, IPython for MLflow's Databricks
         # check: ~0.1 s) and read (the git commit) is the same for the call's
         resolve_tags()
 
         path = sqlite_path(uri)
-        if path is not None and path.is_file() and path.stat().st_size > 0:
-            mlflow.MlflowClient(uri).search_experiments(max_results=1)  # a read
+        with OPENING:  # not while a call makes that store
+            if path is not None and path.is_file() and path.stat().st_size > 0:
+                mlflow.MlflowClient(uri).search_experiments(max_results=1)  # a read
     except Exception:  # no mlflow, a broken store: the call says so, as it would have
         pass
 

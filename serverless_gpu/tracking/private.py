@@ -5,11 +5,17 @@ come from a private run directory. A store or folder that already exists keeps i
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
 _FILE = 0o600
 _DIR = 0o700
+
+OPENING = threading.Lock()
+"""Held while this process makes a store or opens one for the first time (MLflow creates a new
+SQLite store's tables when it opens it): the warm-up's early open (``hook.prepare_ahead``) never
+meets a call's store half made."""
 
 
 def create_private_store(uri: str) -> None:

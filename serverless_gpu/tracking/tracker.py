@@ -52,9 +52,10 @@ def start_tracking(ctx: RunContext) -> RunTracker:
     try:
         if not store.reachable(uri):
             raise TrackingUnavailableError(f"the tracking server {uri} does not answer")
-        private.create_private_store(uri)
         with _quiet_store_setup():  # MlflowClient creates a new store
-            client = MlflowClient(uri)
+            with private.OPENING:  # not while the warm-up opens it (hook.prepare_ahead)
+                private.create_private_store(uri)
+                client = MlflowClient(uri)
             run = _open_bounded(ctx, client, uri)
     except Exception as exc:  # whatever the store raised, the training must still run
         # Ranks keep logging fast, into the run directory instead of a store that hangs them.
