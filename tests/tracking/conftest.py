@@ -72,10 +72,11 @@ def experiment_runs(tracking_env: str) -> Callable[[MlflowClient], list[Run]]:
     return runs
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One real server for every test that only reads and writes through it (starting one
-    takes many seconds); the tests tell their runs apart by experiment."""
+    """One real server for a module's tests that only read and write through it (starting one
+    takes seconds); the tests tell their runs apart by experiment. Not the session's: a worker
+    would keep it for every later module it runs."""
     server = start_server(tmp_path_factory.mktemp("server"))
     try:
         yield server

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +18,7 @@ import pytest
 import tracking_fns
 from mlflow import MlflowClient
 from mlflow.entities import Run
+from procs import wait_gone
 from tracking_checks import Server, check_run_contents, http_status
 
 from serverless_gpu import distributed
@@ -111,3 +116,45 @@ def test_server_down_at_start_runs_untracked_with_one_warning(
     losses = [m for r in unsent if r["kind"] == "batch" for m in r["data"]["metrics"]]
     assert len([m for m in losses if m[0] == "loss"]) == 100  # rank 0's
     assert len([m for m in losses if m[0] == "rank_1/loss"]) == 100
+
+
+_SERVER_OWNER = """
+import sys
+import psutil
+from tracking_checks import start_server
+from pathlib import Path
+server = start_server(Path(sys.argv[1]))
+below = psutil.Process(server.proc.pid).children(recursive=True)
+group = [server.proc.pid] + [p.pid for p in below]
+print(*group, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_test_servers_processes_end_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A test process killed by a timeout (or an interrupted run) takes its server with it: the
+    guard, the server and its uvicorn worker (they lived on, in a session of their own)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _SERVER_OWNER, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    assert owner.stdout is not None
+    group = [int(pid) for pid in owner.stdout.readline().split()]  # bounded by the start's 120 s
+    try:
+        assert len(group) >= 2, group  # mlflow server and uvicorn (and the guard)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        left = wait_gone(group, 15)
+        assert not left, f"the server outlived its owner: {left}"
+    finally:
+        if group:
+            try:
+                os.killpg(group[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        owner.kill()
+        owner.wait(10)

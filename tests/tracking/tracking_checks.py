@@ -69,15 +69,20 @@ class Server:
         except ProcessLookupError:
             pass
         self.proc.wait()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
 
 
 def start_server(root: Path) -> Server:
-    """A real ``mlflow server`` (SQLite backend, proxied artifacts) on a free local port."""
+    """A real ``mlflow server`` (SQLite backend, proxied artifacts) on a free local port, under
+    the guard ``ui()`` uses (``tracking/ui_guard.py``): its whole group ends when this process
+    does, in any way (a worker killed by a timeout, an interrupted run), not only by ``kill``."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     command = [
+        sys.executable, "-m", "serverless_gpu.tracking.ui_guard", "--",
         sys.executable, "-m", "mlflow", "server",
         "--backend-store-uri", f"sqlite:///{root}/server.db",
         "--artifacts-destination", str(root / "artifacts"),
@@ -85,7 +90,12 @@ def start_server(root: Path) -> Server:
     ]  # fmt: skip
     with open(root / "server.log", "ab") as log:
         proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            command,
+            stdin=subprocess.PIPE,  # the guard's lifeline: end-of-file when this process is gone
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
     server = Server(f"http://127.0.0.1:{port}", proc)
     deadline = time.monotonic() + 120
