@@ -98,11 +98,14 @@ def growing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         PYTHONPATH=os.pathsep.join([str(STUB), str(HERE), os.environ.get("PYTHONPATH", "")]),
         SERVERLESS_GPU_RUNS_DIR=str(tmp / "runs"),
     )
-    args = [str(RAY), "start", "--head", "--block", f"--port={port}", "--num-cpus=0"]
+    # Under ui()'s guard: the cluster's group ends with this process, even killed by a timeout.
+    args = [sys.executable, "-m", "serverless_gpu.tracking.ui_guard", "--"]
+    args += [str(RAY), "start", "--head", "--block", f"--port={port}", "--num-cpus=0"]
     args += ["--include-dashboard=false", f"--autoscaling-config={cfg}"]
     head = subprocess.Popen(
         args,
         env=env,
+        stdin=subprocess.PIPE,  # the guard's lifeline
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -115,6 +118,8 @@ def growing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         # The head, its GCS and raylet, the monitor and the nodes it added: all one group.
         os.killpg(head.pid, signal.SIGKILL)
         head.wait(30)
+        if head.stdin is not None:
+            head.stdin.close()
         eventually(lambda: not _group_alive(head.pid), "every process of the cluster gone")
 
 
