@@ -18,38 +18,36 @@ _missing_mlflow_warned: list[bool] = []
 
 
 def prepare_ahead() -> None:
-    """What a tracked call's setup does first, done by the warm-up thread at decoration /
-    ``%load_ext`` while the user writes the next cell: import mlflow, its store for the
-    tracking URI's scheme and the tracker (about 1.3 s and 0.6 s of CPU), resolve the run's
-    context tags, and open a SQLite store that exists already (its engine and schema check,
-    kept by MLflow per process). A store is never created here: a decorated function that is
-    never called leaves no file."""
+    """What a tracked call's setup does first, done once per store by the warm-up thread at
+    decoration / ``%load_ext`` while the user writes the next cell: import the tracker (with
+    mlflow, about 1.3 s of CPU) and a database store's module (SQLAlchemy, alembic: 0.6 s),
+    resolve the run's context tags (GitPython, IPython for MLflow's Databricks check), and
+    open a SQLite store that exists already (its engine and schema check, kept by MLflow per
+    process). A store is never created here: a decorated function never called leaves no file."""
     try:
         import mlflow
-
-        uri = mlflow.get_tracking_uri()
-        if urlparse(uri).scheme in _HTTP:
-            import mlflow.store.tracking.rest_store
-        else:  # sqlite / postgres / mysql: SQLAlchemy and alembic
-            import mlflow.store.tracking.sqlalchemy_store
         from mlflow.tracking.context.registry import resolve_tags
 
         import serverless_gpu.tracking.tracker  # noqa: F401
         from serverless_gpu.tracking.private import OPENING, sqlite_path
 
-        # the run's context tags: what they import (GitPython, IPython for MLflow's Databricks
-        # check: ~0.1 s) and read (the git commit) is the same for the call's
-        resolve_tags()
-
+        uri = mlflow.get_tracking_uri()
+        if uri in _prepared:
+            return
+        if urlparse(uri).scheme not in ("http", "https", "databricks"):
+            import mlflow.store.tracking.sqlalchemy_store
+        resolve_tags()  # the same imports and git read as the call's
         path = sqlite_path(uri)
         with OPENING:  # not while a call makes that store
             if path is not None and path.is_file() and path.stat().st_size > 0:
                 mlflow.MlflowClient(uri).search_experiments(max_results=1)  # a read
+        _prepared.add(uri)
     except Exception:  # no mlflow, a broken store: the call says so, as it would have
         pass
 
 
-_HTTP = ("http", "https", "databricks")
+_prepared: set[str] = set()
+"""Store URIs whose setup this process has done ahead (each decoration would do it again)."""
 
 
 def tracking_hook(ctx: RunContext) -> Subscriber | None:

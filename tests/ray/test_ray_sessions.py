@@ -4,7 +4,6 @@ session that the standby reaper leaves alone."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -56,14 +55,7 @@ def test_every_fault_leaves_a_working_remote_session(
         "SESSION_MATRIX_DRIVER_S": "510",  # its stacks before this test's limit
     }
     done = run_script(DRIVER, situation, origins, env=env, cwd=tmp_path, timeout=540)
-    cases = [json.loads(x[5:]) for x in done.stdout.splitlines() if x.startswith("CASE ")]
-    want = len(origins.split(",")) * len(session_matrix.FAULTS)
-    assert len(cases) == want, f"{len(cases)} of {want} cases ran:\n{done.stdout}\n{done.stderr}"
-    failed = [c for c in cases if not c["ok"]]
-    table = "\n".join(f"{c['origin']:>10} {c['fault']:>20}: {c['detail']}" for c in failed)
-    assert not failed, (
-        f"{len(failed)} of {len(cases)} cases failed ({situation}):\n{table}\n{done.stderr}"
-    )
+    session_matrix.check_output(done.stdout, done.stderr, situation, origins)
 
 
 def _ranks_nodes(sess: Session) -> list[str]:

@@ -327,6 +327,18 @@ def _standby_count(psutil: Any) -> int:
     return count
 
 
+def check_output(stdout: str, stderr: str, situation: str, origins: str) -> None:
+    """For the tests that run this driver: every case of ``origins`` ran and passed (else the
+    failed ones and the driver's stderr, where a stuck cell's stacks are)."""
+    cases = [json.loads(x[5:]) for x in stdout.splitlines() if x.startswith("CASE ")]
+    want = len(origins.split(",")) * len(FAULTS)
+    assert len(cases) == want, f"{len(cases)} of {want} cases ran:\n{stdout}\n{stderr}"
+    failed = [c for c in cases if not c["ok"]]
+    table = "\n".join(f"{c['origin']:>10} {c['fault']:>20}: {c['detail']}" for c in failed)
+    said = f"{len(failed)} of {len(cases)} cases failed ({situation}):\n{table}\n{stderr}"
+    assert not failed, said
+
+
 def main(argv: list[str]) -> int:
     faulthandler.dump_traceback_later(DRIVER_S, exit=True)
     situation, origins = argv[0], argv[1].split(",")
