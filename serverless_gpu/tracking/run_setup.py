@@ -41,15 +41,22 @@ def run_name(ctx: RunContext) -> str:
     return name if trial is None else f"{name} trial {trial}"
 
 
-def open_run(ctx: RunContext, client: MlflowClient, uri: str, parent: Run | None) -> MlflowRun:
+def open_run(
+    ctx: RunContext,
+    client: MlflowClient,
+    uri: str,
+    parent: Run | None,
+    run_tags: dict[str, str] | None = None,
+) -> MlflowRun:
     """``parent``: the caller's active run, looked up in the caller's thread (MLflow keeps it
-    per thread, and this may run in another one)."""
+    per thread, and this may run in another one). ``run_tags`` go into a new run's creation
+    (one transaction); a resumed run is left to its caller to tag."""
     resume_id = os.environ.get("MLFLOW_RUN_ID")
     if resume_id:
         return _resume(client, uri, resume_id)
     name = run_name(ctx)
     # The owner from the start: a caller killed right after this call leaves a run to reap.
-    tags = {**records.owner_tags()}
+    tags = {**(run_tags or {}), **records.owner_tags()}
     call = ctx.call
     if call is not None and call.max_retries > 0:
         # Each attempt is a child of one run for the whole call: MLflow's runs table shows
@@ -128,7 +135,16 @@ def _current_experiment_id() -> str:
 
 
 def _experiment_name(client: MlflowClient, experiment_id: str) -> str:
-    return client.get_experiment(experiment_id).name
+    # Once per store and experiment in a process: a lookup is a query on every call's path,
+    # and an experiment's id keeps its name unless someone renames it meanwhile.
+    key = (client.tracking_uri, experiment_id)
+    name = _names.get(key)
+    if name is None:
+        name = _names[key] = client.get_experiment(experiment_id).name
+    return name
+
+
+_names: dict[tuple[str, str], str] = {}
 
 
 def mlflow_env(run: MlflowRun) -> dict[str, str]:

@@ -73,6 +73,7 @@ class Writer:
         self._params = dict(known_params)
         self._written = set(known_params)
         self._system_step = 0
+        self._after_end: list[Callable[[], object]] = []
         self._queue: queue.SimpleQueue[_Op] = queue.SimpleQueue()
         self._pending: _Op | None = None
         self._busy_since: float | None = None
@@ -98,24 +99,43 @@ class Writer:
         """Housekeeping in the writer's thread, off the caller's path; its errors are ignored."""
         self._queue.put(_Op("task", None, time.time(), task))
 
+    def after_end(self, task: Callable[[], object]) -> None:
+        """Housekeeping to run once the run's end is written; its errors are ignored."""
+        self._after_end.append(task)
+
     def finish(self, status: str, tags: dict[str, str]) -> None:
         self._queue.put(_Op("finish", None, time.time(), {"status": status, "tags": tags}))
+        for task in self._after_end:
+            self.run_later(task)
         self._queue.put(_STOP)
 
-    def wait(self, still_reachable: Callable[[], bool] | None) -> None:
+    def wait(
+        self, still_reachable: Callable[[], bool] | None, timeout: float | None = None
+    ) -> bool:
         """Until everything is written, or until a server stops answering: its health check,
-        or one request for ``STALL_S`` (it may answer ``/health`` and hang on the API)."""
+        or one request for ``STALL_S`` (it may answer ``/health`` and hang on the API).
+        False if ``timeout`` ran out first (the writing goes on)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while self._thread.is_alive():
-            self._thread.join(_WAIT_SLICE_S)
+            left = _WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._thread.join(min(left, _WAIT_SLICE_S))
             if not self._thread.is_alive() or still_reachable is None:
                 continue
             if not still_reachable():
                 self.give_up(ConnectionError("the tracking server stopped answering"))
-                return
+                return True
             busy_since = self._busy_since
             if busy_since is not None and time.monotonic() - busy_since > STALL_S:
                 self.give_up(TimeoutError(f"the tracking server did not answer in {STALL_S:g} s"))
-                return
+                return True
+        return True
+
+    @property
+    def done(self) -> bool:
+        """Everything is written (or kept in the run directory): the thread has ended."""
+        return not self._thread.is_alive()
 
     def give_up(self, reason: BaseException) -> None:
         """Stop writing now; what is queued goes to the run directory."""

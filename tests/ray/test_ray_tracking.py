@@ -15,6 +15,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from mlflow import MlflowClient
 
 from serverless_gpu import distributed
+from serverless_gpu.tracking import wait_written
 
 
 def _store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flush_s: str) -> MlflowClient:
@@ -29,6 +30,7 @@ def _store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flush_s: str) -> Mlf
 
 
 def _runs(client: MlflowClient) -> list[Any]:
+    assert wait_written(60), "the ended calls' runs were not written within 60 s"
     experiment = client.get_experiment_by_name("ray-test")
     assert experiment is not None
     return list(client.search_runs([experiment.experiment_id]))

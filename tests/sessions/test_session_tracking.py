@@ -15,6 +15,7 @@ import mlflow
 from mlflow import MlflowClient
 
 from serverless_gpu import RankFailedError, Session
+from serverless_gpu.tracking import wait_written
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,7 @@ def test_one_run_per_session_with_every_cells_metrics_and_code(store: MlflowClie
         sess.exec(TRAIN)
         run_id = sess.handle.context.metadata["mlflow_run_id"]
         assert store.get_run(run_id).info.status == "RUNNING"
+    assert wait_written(60)  # the session's run is ended behind its close
     run = store.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.info.run_name == "train-session"
@@ -71,4 +73,5 @@ def test_a_crash_ends_the_run_failed(store: MlflowClient) -> None:
             "import os\nif os.environ['RANK'] == '0':\n    os._exit(1)\nimport time\ntime.sleep(30)"
         )
     sess.close()
+    assert wait_written(60)
     assert store.get_run(run_id).info.status == "FAILED"

@@ -18,6 +18,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 from tracking_checks import Server, start_server
 
+from serverless_gpu.tracking import wait_written
+
 
 @pytest.fixture(autouse=True)
 def no_leaks(no_leaked_children: None) -> None:
@@ -63,9 +65,12 @@ def embedded(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
 
 @pytest.fixture
 def experiment_runs(tracking_env: str) -> Callable[[MlflowClient], list[Run]]:
-    """The runs of this test's experiment, newest first."""
+    """The runs of this test's experiment, newest first, once the runs of the calls made so far
+    are complete in the store (their end is written behind the call, as a script reading them
+    right after its call waits for with ``wait_written``)."""
 
     def runs(client: MlflowClient) -> list[Run]:
+        assert wait_written(60), "the ended calls' runs were not written within 60 s"
         exp = client.get_experiment_by_name(tracking_env)
         return [] if exp is None else list(client.search_runs([exp.experiment_id]))
 

@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 from tracking_checks import rank_key
 
 from serverless_gpu import distributed
-from serverless_gpu.tracking import TrackingWarning
+from serverless_gpu.tracking import TrackingWarning, wait_written
 
 RANKS = 8
 POINTS = 1000
@@ -23,6 +23,7 @@ def test_eight_ranks_thousand_points_each(embedded: MlflowClient) -> None:
         per_call_ms = fn.distributed(POINTS)
 
     run_id = per_call_ms.metadata["mlflow_run_id"]
+    assert wait_written(60)
     run = embedded.get_run(run_id)
     assert run.info.status == "FINISHED"
     for rank in range(RANKS):

@@ -8,11 +8,13 @@ from mlflow import MlflowClient
 
 from serverless_gpu import distributed
 from serverless_gpu.examples.mlp import train
+from serverless_gpu.tracking import wait_written
 
 
 def test_example_logs_one_value_per_step_and_key(embedded: MlflowClient) -> None:
     result = distributed(gpus=2, gpu_type="cpu", timeout=300)(train).distributed(2, 256)
     run_id = result.metadata["mlflow_run_id"]
+    assert wait_written(60)
     steps = {
         key: Counter(m.step for m in embedded.get_metric_history(run_id, key))
         for key in ("loss", "rank_1/loss", "epoch_loss")

@@ -14,7 +14,7 @@ import tracking_fns
 from mlflow import MlflowClient
 
 from serverless_gpu import distributed
-from serverless_gpu.tracking import stop_ui, ui
+from serverless_gpu.tracking import stop_ui, ui, wait_written
 
 
 def _mode(path: Path) -> int:
@@ -30,6 +30,7 @@ def test_a_store_tracking_creates_and_the_logs_it_uploads_are_private(
     assert "database tables" not in capfd.readouterr().err
     assert _mode(tmp_path / "mlflow.db") == 0o600
     assert _mode(tmp_path / "mlruns") == 0o700
+    assert wait_written(60)
     run = MlflowClient().get_run(result.metadata["mlflow_run_id"])
     artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
     for name in ("rank_0.txt", "rank_1.txt"):

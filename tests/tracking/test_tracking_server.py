@@ -22,7 +22,7 @@ from procs import wait_gone
 from tracking_checks import Server, check_run_contents, http_status
 
 from serverless_gpu import distributed
-from serverless_gpu.tracking import TrackingWarning, store
+from serverless_gpu.tracking import TrackingWarning, store, wait_written
 
 RunsOf = Callable[[MlflowClient], list[Run]]
 
@@ -81,6 +81,7 @@ def test_server_killed_mid_run_results_still_returned_with_one_warning(
     started = time.monotonic()
     with pytest.warns(TrackingWarning) as caught:
         result = fn.distributed(str(marker), own_mlflow_server.url, 200)
+        assert wait_written(60)  # the warning comes with the run's end, at the latest
     killer.join()
 
     assert list(result) == [0, 1]

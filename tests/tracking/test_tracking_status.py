@@ -17,6 +17,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 
 from serverless_gpu import CancelledError, DistributedTimeoutError, RankFailedError, distributed
+from serverless_gpu.tracking import wait_written
 
 RunsOf = Callable[[MlflowClient], list[Run]]
 HERE = Path(__file__).resolve().parent
@@ -69,6 +70,7 @@ def test_cancel_marks_the_run_killed(embedded: MlflowClient, tmp_path: Path) -> 
     with pytest.raises(CancelledError):
         handle.result()
 
+    assert wait_written(60)
     run = embedded.get_run(handle.context.metadata["mlflow_run_id"])
     assert run.info.status == "KILLED"
     assert run.data.tags["serverless_gpu.error"] == "cancelled by the user"
@@ -135,6 +137,7 @@ def test_a_run_whose_caller_was_sigkilled_is_marked_killed_by_the_next_call(
     assert orphan.info.status == "RUNNING"
 
     distributed(gpus=2, gpu_type="cpu", timeout=300)(tracking_fns.no_mlflow).distributed()
+    assert wait_written(60)  # the orphan is ended after the call's own run
 
     run = embedded.get_run(orphan.info.run_id)
     assert run.info.status == "KILLED"
@@ -166,5 +169,6 @@ def test_a_users_experiment_kind_is_kept(
     experiment_id = embedded.create_experiment(tracking_env)
     embedded.set_experiment_tag(experiment_id, "mlflow.experimentKind", "genai_development")
     distributed(gpus=2, gpu_type="cpu", timeout=300)(tracking_fns.no_mlflow).distributed()
+    assert wait_written(60)
     tags = embedded.get_experiment(experiment_id).tags
     assert tags["mlflow.experimentKind"] == "genai_development"

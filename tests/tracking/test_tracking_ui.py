@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 from tracking_checks import http_status
 
 from serverless_gpu import distributed
-from serverless_gpu.tracking import TrackingWarning, stop_ui, store, ui
+from serverless_gpu.tracking import TrackingWarning, stop_ui, store, ui, wait_written
 
 
 def test_ui_serves_the_store_and_later_links_point_at_it(embedded: MlflowClient) -> None:
@@ -31,6 +31,7 @@ def test_ui_serves_the_store_and_later_links_point_at_it(embedded: MlflowClient)
         assert http_status(result.links["mlflow"]) == 200
         # The same store behind it: the UI's own API knows the run.
         assert http_status(f"{address}/ajax-api/2.0/mlflow/runs/get?run_id={run_id}") == 200
+        assert wait_written(60)
         assert embedded.get_run(run_id).info.status == "FINISHED"
     finally:
         stop_ui()
@@ -76,8 +77,10 @@ def test_ui_first_in_a_fresh_folder_leaves_tracking_working(
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = distributed(gpus=2, gpu_type="cpu")(tracking_fns.log_points).distributed(5)
+            assert wait_written(60)
         assert not [str(w.message) for w in caught if w.category is TrackingWarning]
         client = MlflowClient()
+        assert wait_written(60)
         run = client.get_run(result.metadata["mlflow_run_id"])
         assert run.info.status == "FINISHED"
         assert len(client.get_metric_history(run.info.run_id, "loss")) >= 5
