@@ -4,6 +4,7 @@
 #
 #   bash scripts/gpu_perf_run.sh WHEELS OUTDIR launch     # launch.py, warm_parts.py
 #   bash scripts/gpu_perf_run.sh WHEELS OUTDIR transfer   # results, sessions, first tracked call
+#   bash scripts/gpu_perf_run.sh WHEELS OUTDIR floor      # the parts: tmpfs writes, torch, CUDA
 #
 # WHEELS: a folder of wheels for this machine's python3 with what the image lacks (mlflow-skinny
 # with SQLAlchemy and alembic, psutil, setproctitle, nvidia-ml-py); installed with --no-index.
@@ -13,7 +14,7 @@
 set -u
 wheels=${1:?a folder of wheels}
 out=${2:?an output folder}
-part=${3:?launch or transfer}
+part=${3:?launch, transfer or floor}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -46,8 +47,20 @@ case $part in
             --out "$out/first_tracked.md"
         step sessions 150 python3 scripts/sessions_gpu_check.py
         ;;
+    floor)
+        step tmpfs_write 200 python3 benchmarks/tmpfs_write.py --reps 3
+        # A fresh interpreter's import of torch, and of torch with a CUDA context, 3 times each:
+        # what a first call's launcher (or a spawned child) pays before any user code runs.
+        for code in "import torch" "import torch; torch.zeros(1, device='cuda')"; do
+            for _ in 1 2 3; do
+                TIMEFORMAT="%R s: python3 -c \"$code\""
+                { time python3 -c "$code"; } >> "$out/floor.txt" 2>&1
+            done
+        done
+        echo "floor rc=$?" | tee -a "$out/rc.txt"
+        ;;
     *)
-        echo "unknown part: $part (launch or transfer)" >&2
+        echo "unknown part: $part (launch, transfer or floor)" >&2
         exit 2
         ;;
 esac

@@ -28,6 +28,10 @@ from serverless_gpu.wire.runpaths import LOG_GLOB, RunPaths
 _MERGE_METRICS = 5000
 """Queued batches are merged into one write up to this many points."""
 _WAIT_SLICE_S = 2.0
+FIRST_WRITE_S = 0.5
+"""How long the writer lets a call run before its first write (unless the call ends first): a
+quick call's writes then all come behind it instead of taking the caller's CPU (and the
+GIL) while it runs; a longer one shows its params this much later."""
 STALL_S = 30.0
 """At the end of a call, how long one request to a server may go unanswered before the rest
 goes to the run directory (a server that answers its health check may still hang on the API)."""
@@ -79,6 +83,8 @@ class Writer:
         self._busy_since: float | None = None
         """When the request in flight started (None: none is)."""
         self._lock = threading.Lock()
+        self._ended = threading.Event()
+        """Set when the run's end is queued (or tracking gave up): no more holding back."""
         self._thread = threading.Thread(
             target=self._loop, name="serverless-gpu-mlflow", daemon=True
         )
@@ -108,6 +114,7 @@ class Writer:
         for task in self._after_end:
             self.run_later(task)
         self._queue.put(_STOP)
+        self._ended.set()
 
     def wait(
         self, still_reachable: Callable[[], bool] | None, timeout: float | None = None
@@ -147,10 +154,12 @@ class Writer:
                 break
             self._keep(op)
         self._queue.put(_STOP)  # the thread ends once its current request returns
+        self._ended.set()
 
     # -- the writer thread --------------------------------------------------------------------
 
     def _loop(self) -> None:
+        self._ended.wait(FIRST_WRITE_S)
         next_upload = time.monotonic() + self._upload_every
         while True:
             op = self._next(next_upload - time.monotonic() if self._upload_every > 0 else None)
