@@ -339,7 +339,11 @@ def _wait_idle(page: Any, seconds: float) -> None:
 
 
 def _dismiss_notifications(page: Any) -> None:
-    news = page.get_by_role("button", name="No")
+    """Answers JupyterLab's news question ("No"), where it is asked. The name must match
+    exactly: a substring match is the toolbar's "Notebook" button, which opens the notebook in
+    Notebook 7 in a tab of its own (a second frontend of the kernel), and the Lab tab, then in
+    the background, draws about one frame a second (each click or screenshot waits 1-5 s)."""
+    news = page.get_by_role("button", name="No", exact=True)
     if news.count():
         news.first.click()
 

@@ -164,11 +164,15 @@ def test_records_and_the_hang_doctor_in_jupyterlab(
 
 
 def _select_kernel(page: Any) -> None:
-    """Answer JupyterLab's "Select Kernel" (asked in a fresh settings folder) with Python 3."""
+    """Answer JupyterLab's "Select Kernel" (asked in a fresh settings folder) with Python 3.
+    No question comes once the toolbar names the notebook's kernel (started or starting)."""
     dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
+    named = page.locator(".jp-KernelName", has_text="Python 3 (ipykernel)")
     try:
-        dialog.wait_for(timeout=10 * MS)
-    except Exception:  # playwright's TimeoutError: no question asked
+        dialog.or_(named).first.wait_for(timeout=10 * MS)
+    except Exception:  # playwright's TimeoutError: neither, so no question asked
+        return
+    if not dialog.is_visible():
         return
     dialog.locator("select").select_option(label="Python 3 (ipykernel)")
     dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
