@@ -53,7 +53,14 @@ def free_port() -> int:
 
 @contextmanager
 def lab_server(root: Path, env: dict[str, str], log: Path) -> Iterator[LabServer]:
-    """JupyterLab serving ``root``; stopped (kernels included) on exit."""
+    """JupyterLab serving ``root``; stopped (kernels included) on exit. Its user settings and
+    workspaces go beside ``log`` (a test's temporary folder) unless ``env`` names others: an
+    answer to a question of the page would otherwise be written into the home folder."""
+    env = {
+        "JUPYTERLAB_SETTINGS_DIR": str(log.parent / "lab-settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(log.parent / "lab-workspaces"),
+        **env,
+    }
     port, token = free_port(), secrets.token_hex(16)
     args = [
         sys.executable,
