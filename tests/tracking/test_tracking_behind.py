@@ -9,10 +9,8 @@ The store is a real ``mlflow server`` behind a proxy that holds the request endi
 from __future__ import annotations
 
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ import pytest
 import tracking_fns
 from mlflow import MlflowClient
 from nbclient import NotebookClient
-from tracking_checks import Server
+from tracking_checks import Forwarding, Server
 
 from serverless_gpu import distributed
 from serverless_gpu.tracking import wait_written
@@ -31,45 +29,18 @@ _HOLD_LIMIT_S = 15.0
 it inside the call, returns too, and the test fails on what it finds)."""
 
 
-class _HoldingEnds(BaseHTTPRequestHandler):
+class _HoldingEnds(Forwarding):
     """Forwards every request to a real MLflow server; holds those that end a run."""
 
-    upstream = ""
     release = threading.Event()
     held = threading.Event()
 
-    def do_GET(self) -> None:
-        self._forward(None)
-
     def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = self._body()
         if self.path.endswith("/runs/update") and b'"status"' in body:
             self.held.set()
             self.release.wait(_HOLD_LIMIT_S)
         self._forward(body)
-
-    def do_PUT(self) -> None:  # artifact uploads (the ranks' logs)
-        self._forward(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-
-    def _forward(self, body: bytes | None) -> None:
-        request = urllib.request.Request(
-            self.upstream + self.path, data=body, method=self.command,
-            headers={"Content-Type": self.headers.get("Content-Type", "application/json")},
-        )  # fmt: skip
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                self._answer(response.status, response.read())
-        except urllib.error.HTTPError as exc:
-            self._answer(exc.code, exc.read())
-
-    def _answer(self, code: int, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 @pytest.fixture

@@ -4,15 +4,13 @@ untracked, with one warning, instead of waiting for MLflow's retries."""
 from __future__ import annotations
 
 import threading
-import urllib.error
-import urllib.request
 import warnings
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import tracking_fns
-from tracking_checks import Server
+from tracking_checks import Forwarding, Server
 
 from serverless_gpu import distributed
 from serverless_gpu.tracking import TrackingWarning, wait_written, writer
@@ -86,43 +84,18 @@ def test_a_server_that_hangs_on_api_calls_does_not_block_the_call(
     assert str(unsent) in text and unsent.exists()
 
 
-class _HangingWrites(BaseHTTPRequestHandler):
+class _HangingWrites(Forwarding):
     """Forwards to a real MLflow server, except that writes of metrics never get an answer."""
 
-    upstream = ""
     release = threading.Event()
 
-    def do_GET(self) -> None:
-        self._forward(None)
-
     def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = self._body()
         if "log-batch" in self.path:
             self.release.wait(_HANG_LIMIT_S)
             self._answer(503, b"released")
             return
         self._forward(body)
-
-    def _forward(self, body: bytes | None) -> None:
-        request = urllib.request.Request(
-            self.upstream + self.path, data=body, method=self.command,
-            headers={"Content-Type": self.headers.get("Content-Type", "application/json")},
-        )  # fmt: skip
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                self._answer(response.status, response.read())
-        except urllib.error.HTTPError as exc:
-            self._answer(exc.code, exc.read())
-
-    def _answer(self, code: int, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 @pytest.mark.timeout(200)
