@@ -68,7 +68,7 @@ def wait_written(timeout: float | None = None) -> bool:
         trackers = list(_behind)
     for tracker in trackers:
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        if not tracker.settle(left):
+        if not tracker.see_written(left):
             return False
     return True
 
@@ -94,17 +94,17 @@ def _before_cell(info: object = None) -> None:
     wait_written(CELL_WAIT_S)
 
 
-def _settle_written() -> None:
+def _see_written_ones() -> None:
     """Say what the runs written behind since the last call met, without waiting."""
     with _open_lock:
         trackers = [t for t in _behind if t.writer is None or t.writer.done]
     for tracker in trackers:
-        tracker.settle(0)
+        tracker.see_written(0)
 
 
 def start_tracking(ctx: RunContext) -> RunTracker:
     """Open the call's MLflow run and prepare the ranks; never raises for a store problem."""
-    _settle_written()
+    _see_written_ones()
     _hook_cells()
     uri = store_uri()
     spill = Spill(ctx.paths.unsent)
@@ -190,7 +190,7 @@ def _wait_written_run(run_id: str) -> None:
     with _open_lock:
         trackers = [t for t in _behind if t.run is not None and t.run.mlflow_run_id == run_id]
     for tracker in trackers:
-        tracker.settle()
+        tracker.see_written()
 
 
 def _end_late_run(client: MlflowClient, run: MlflowRun) -> None:
@@ -273,7 +273,7 @@ class RunTracker(EventSubscriber):
         if self.writer is not None:
             self.writer.finish(status, tags)  # written behind: see wait_written
 
-    def settle(self, timeout: float | None = None) -> bool:
+    def see_written(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` for the ended run's writes, then warn of what went wrong
         (once). False if the writes go on."""
         writer = self.writer

@@ -331,6 +331,23 @@ def _run_cell(page: Any, index: int) -> None:
     page.keyboard.press("Shift+Enter")
 
 
+def _run_when_connected(page: Any, index: int, tries: int = 3) -> None:
+    """Run cell ``index``, whose code must bear running twice (``%load_ext``). Notebook 7 runs
+    nothing on a press that comes before its kernel is connected, though its indicator may
+    already say idle: the cell is run again while its prompt stays empty (10 s a try)."""
+    from playwright.sync_api import expect
+
+    prompt = _cell(page, index).locator(".jp-InputPrompt")
+    for attempt in range(tries):
+        _run_cell(page, index)
+        try:
+            expect(prompt).not_to_have_text("[ ]:", timeout=10 * MS)
+            return
+        except AssertionError:
+            if attempt == tries - 1:
+                raise
+
+
 def _wait_idle(page: Any, seconds: float) -> None:
     from playwright.sync_api import expect
 

@@ -71,7 +71,7 @@ def test_session_cells_in_the_browser(tmp_path: Path, frontend: str) -> None:
             lab._wait_idle(page, 60)
             if lab_page:
                 lab._dismiss_notifications(page)
-            lab._run_cell(page, 0)
+            lab._run_when_connected(page, 0)  # %load_ext
             _ran(page, 0, 60)
             _drive(page, shots / f"session-{frontend}")
         finally:

@@ -146,7 +146,7 @@ def test_a_page_that_draws_the_widget_shows_the_lines_once(
             if lab_page:
                 lab._dismiss_notifications(page)
             _select_kernel(page)
-            lab._run_cell(page, 0)
+            lab._run_when_connected(page, 0)
             _ran(page, 0, 60)
             _lines_once(page, 1, go)
             lab._run_cell(page, 2)
