@@ -13,11 +13,9 @@ say() { echo "${0##*/}: $*"; }
 
 # pip install "$@", one line per package as it is collected (the size of large downloads too),
 # its whole output kept in $PIP_LOG; on failure the end of that output is shown.
-# PIP_INSTALL_ARGS: more arguments for every install (scripts/test.sh: --no-compile).
 pip_install() {
   if ! PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install \
-    --progress-bar off ${PIP_INSTALL_ARGS[@]+"${PIP_INSTALL_ARGS[@]}"} "$@" 2>&1 \
-    | tee -a "$PIP_LOG" | _pip_progress; then
+    --progress-bar off "$@" 2>&1 | tee -a "$PIP_LOG" | _pip_progress; then
     say "pip install failed; the last lines of its output (all of it: $PIP_LOG):" >&2
     tail -n 25 "$PIP_LOG" >&2
     return 1

@@ -7,9 +7,6 @@ PYTHON=${PYTHON:-python3}
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 source scripts/_install.sh
-# No byte-compiling at install: pip would compile all ~28,000 modules (about 70 s of one core);
-# the tests import a fraction of them, each compiled on its first import.
-PIP_INSTALL_ARGS=(--no-compile)
 say "installing serverless-gpu[dev] and torch into .venv (pip's whole output: $PIP_LOG)"
 pip_install --upgrade pip
 # .ci/constraints-ci.txt pins the torch version the tests run with; the build: scripts/_install.sh.
