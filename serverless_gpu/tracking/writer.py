@@ -83,6 +83,10 @@ class Writer:
         self._busy_since: float | None = None
         """When the request in flight started (None: none is)."""
         self._lock = threading.Lock()
+        self._sending: list[_Op] = []
+        """The ops of the request in flight: kept at once if tracking gives up meanwhile."""
+        self._kept_early: list[_Op] = []
+        """In-flight ops kept by ``give_up`` (the failed request must not keep them again)."""
         self._ended = threading.Event()
         """Set when the run's end is queued (or tracking gave up): no more holding back."""
         self._thread = threading.Thread(
@@ -145,8 +149,14 @@ class Writer:
         return not self._thread.is_alive()
 
     def give_up(self, reason: BaseException) -> None:
-        """Stop writing now; what is queued goes to the run directory."""
+        """Stop writing now; what is queued, and what the request in flight carries (it may
+        never return), goes to the run directory."""
         self._fail(reason)
+        with self._lock:
+            sending = [op for op in self._sending if not any(op is k for k in self._kept_early)]
+            self._kept_early += sending
+        for op in sending:
+            self._spill(op)
         while True:
             try:
                 op = self._queue.get_nowait()
@@ -191,6 +201,8 @@ class Writer:
                 pass  # housekeeping of other runs must not stop this one's tracking
             return
         try:
+            with self._lock:
+                self._sending = [op] if op.kind in _DATA_KINDS else []
             if op.kind == "batch":
                 self._write_batches(op)
             elif op.kind == "setup":
@@ -212,6 +224,8 @@ class Writer:
     def _write_batches(self, first: _Op) -> None:
         """This batch and those queued behind it, in one write."""
         ops = self._merge(first)
+        with self._lock:
+            self._sending = list(ops)
         params: list[tuple[str, str]] = []
         tags: list[tuple[str, str]] = []
         metrics: list[Metric] = []
@@ -294,6 +308,12 @@ class Writer:
                 self.failure = reason
 
     def _keep(self, op: _Op) -> None:
+        with self._lock:  # give_up may have kept it while its request was in flight
+            if any(op is early for early in self._kept_early):
+                return
+        self._spill(op)
+
+    def _spill(self, op: _Op) -> None:
         if op.kind in _DATA_KINDS:
             data = op.data if op.kind != "system" else {"metrics": op.data}
             self.spill.write(op.kind, op.rank, op.time, data)
