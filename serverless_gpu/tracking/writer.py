@@ -180,6 +180,8 @@ class Writer:
             self._busy_since = time.monotonic()
             self._apply(op)
             self._busy_since = None
+            with self._lock:  # written or kept: a later give_up must not keep it again
+                self._sending = []
 
     def _next(self, timeout: float | None) -> _Op:
         if self._pending is not None:
